@@ -1,0 +1,60 @@
+# shellcheck shell=bash
+# Cached virtualenvs for the test command: each is built once per content key (its pins,
+# versions.env, the Python version and the installer's own text) and reused while that key
+# holds. A venv only counts once its ".complete" stamp is written, so a build that died
+# half-way is thrown away, never reused. Source this file; it defines functions only.
+
+sparkserve_cache_dir() {
+  printf '%s\n' "${SPARKSERVE_CACHE:-${XDG_CACHE_HOME:-${HOME}/.cache}/sparkserve}"
+}
+
+log() {
+  printf '[test] %s\n' "$*" >&2
+}
+
+# content_key FILE... : a short hash of the files' bytes and the interpreter's version
+content_key() {
+  local python="$1"
+  shift
+  {
+    "${python}" -c 'import sys; print(sys.version)'
+    cat "$@"
+  } | sha256sum | cut -c1-16
+}
+
+# ensure_venv NAME PYTHON INSTALL_FN KEY_FILE... : prints the venv's path.
+# INSTALL_FN is called as `INSTALL_FN VENV_DIR` into a fresh venv when none is current.
+ensure_venv() {
+  local name="$1" python="$2" install_fn="$3"
+  shift 3
+  local cache key dir started
+  cache="$(sparkserve_cache_dir)"
+  key="$(content_key "${python}" "$@")"
+  dir="${cache}/venv-${name}-${key}"
+  if [[ -f "${dir}/.complete" ]]; then
+    log "venv ${name}: reusing ${dir}"
+    printf '%s\n' "${dir}"
+    return 0
+  fi
+  mkdir -p "${cache}"
+  # One builder at a time per venv name; a second caller waits, then reuses the result.
+  local lock_fd
+  exec {lock_fd}>"${cache}/venv-${name}.lock"
+  flock "${lock_fd}"
+  if [[ -f "${dir}/.complete" ]]; then
+    exec {lock_fd}>&-
+    printf '%s\n' "${dir}"
+    return 0
+  fi
+  # Venvs are not relocatable, so build in place; older keys of this venv are dropped.
+  rm -rf "${dir}" "${cache}/venv-${name}-"*
+  log "venv ${name}: building ${dir} (first run on this machine or pins changed)"
+  started=${SECONDS}
+  "${python}" -m venv "${dir}"
+  "${dir}/bin/python" -m pip install --quiet --upgrade pip >&2
+  "${install_fn}" "${dir}" >&2
+  touch "${dir}/.complete"
+  exec {lock_fd}>&-
+  log "venv ${name}: built in $((SECONDS - started)) s"
+  printf '%s\n' "${dir}"
+}

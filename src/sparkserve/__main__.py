@@ -1,0 +1,5 @@
+import sys
+
+from sparkserve.cli import main
+
+sys.exit(main())
