@@ -8,6 +8,8 @@ REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 source "${REPO}/scripts/lib/venv.sh"
 # shellcheck source=scripts/lib/installers.sh
 source "${REPO}/scripts/lib/installers.sh"
+# shellcheck source=scripts/lib/cpu_serve_venv.sh
+source "${REPO}/scripts/lib/cpu_serve_venv.sh"
 set -a
 # shellcheck source=versions.env
 source "${REPO}/versions.env"
@@ -19,6 +21,14 @@ PYTHON="${SPARKSERVE_PYTHON:-$(command -v python3.11 || command -v python3)}"
 core="$(ensure_venv core "${PYTHON}" install_core_venv \
   "${REPO}/requirements/test-core.txt" "${REPO}/requirements/test-core-nodeps.txt" \
   "${REPO}/versions.env" "${REPO}/scripts/lib/installers.sh")"
+# The CPU build of vLLM that end-to-end tests serve with; the test-only shim plugin it carries
+# is part of its key (it is copied into the venv).
+mapfile -t shim_files < <(git -C "${REPO}" ls-files tests/cpu_shims | sed "s|^|${REPO}/|")
+install_cpu_venv() { install_cpu_serve_venv "$1" "${REPO}"; }
+cpu="$(ensure_venv cpu-serve "${PYTHON}" install_cpu_venv \
+  "${REPO}/requirements/cpu-serve.txt" "${REPO}/versions.env" \
+  "${REPO}/scripts/lib/cpu_serve_venv.sh" "${shim_files[@]}")"
+export SPARKSERVE_CPU_PYTHON="${cpu}/bin/python"
 SPARKSERVE_VLLM_BUGGY_SRC="$(ensure_vllm_source "${VLLM_BUGGY_VERSION}")"
 export SPARKSERVE_VLLM_BUGGY_SRC
 export VLLM_TARGET_DEVICE=cpu

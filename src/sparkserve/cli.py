@@ -3,30 +3,54 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
+from pathlib import Path
 
 from sparkserve import __version__
+from sparkserve.knob_docs import sync
+from sparkserve.knobs import LAUNCHERS
+from sparkserve.launch_env import main_resolve
 from sparkserve.patching import ALL_PATCHES
 from sparkserve.patching.cli import run as run_patch
 
+REPO = Path(__file__).resolve().parents[2]
 
-def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
+
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="sparkserve", description=__doc__)
     parser.add_argument("--version", action="version", version=f"sparkserve {__version__}")
-    commands = parser.add_subparsers(dest="command", metavar="COMMAND")
-    patch = commands.add_parser(
-        "patch", help="apply, check or revert a build-time vLLM patch", add_help=False
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+
+    patch = commands.add_parser("patch", help="apply, check or revert a build-time vLLM patch")
+    patch.add_argument("name", choices=sorted(ALL_PATCHES))
+    patch.add_argument("options", nargs=argparse.REMAINDER, help="the patch's own options")
+
+    knobs = commands.add_parser("knobs", help="the launchers' settings")
+    knob_commands = knobs.add_subparsers(dest="knobs_command", metavar="ACTION", required=True)
+    resolve = knob_commands.add_parser(
+        "resolve", help="validate the environment's knobs; print shell exports for a launcher"
     )
-    patch.add_argument("name", choices=sorted(ALL_PATCHES), help="the patch")
-    if not argv:
-        parser.print_help()
-        return 2
-    # Patch options belong to the patch's own parser, so split before argparse sees them.
-    if argv[0] == "patch" and len(argv) > 1 and argv[1] in ALL_PATCHES:
-        return run_patch(ALL_PATCHES[argv[1]], argv[2:], prog=f"sparkserve patch {argv[1]}")
-    parser.parse_args(argv)
-    return 2
+    resolve.add_argument("--launcher", choices=LAUNCHERS, required=True)
+    resolve.add_argument("--prog", default="sparkserve", help="name to put on error lines")
+    knob_sync = knob_commands.add_parser(
+        "sync", help="regenerate the knob tables in compose, .env.example and the docs"
+    )
+    knob_sync.add_argument("--check", action="store_true", help="only report drift (exit 1)")
+    knob_sync.add_argument("--repo", type=Path, default=REPO, help="the checkout to update")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(sys.argv[1:] if argv is None else argv)
+    if args.command == "patch":
+        return run_patch(ALL_PATCHES[args.name], args.options, prog=f"sparkserve patch {args.name}")
+    if args.knobs_command == "resolve":
+        return main_resolve(args.launcher, os.environ, args.prog)
+    drifted = sync(args.repo, check=args.check)
+    for name in drifted:
+        print(f"{'out of date' if args.check else 'updated'}: {name}")
+    return 1 if drifted and args.check else 0
 
 
 if __name__ == "__main__":

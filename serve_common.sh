@@ -1,0 +1,105 @@
+# shellcheck shell=bash
+# Shared steps of serve.sh and mtp_serve.sh; sourced, defines functions only. The launcher
+# sets PROG (its own name, for messages) before sourcing this file.
+: "${PROG:?the launcher sets PROG before sourcing serve_common.sh}"
+# The knobs themselves (names, defaults, allowed values, why) live in one registry:
+# src/sparkserve/knobs.py. Nothing here starts vLLM until every knob has passed it.
+
+# refuse_arguments ARGS...: settings come from the environment only, so that compose, docs
+# and validation see every one of them; a stray argument is a mistake, not an option.
+refuse_arguments() {
+  if (( $# > 0 )); then
+    printf '%s: takes no arguments (got %q); set knobs in the environment, e.g. EXTRA_ARGS\n' \
+      "${PROG}" "$1" >&2
+    exit 2
+  fi
+}
+
+# resolve_knobs LAUNCHER: validate every knob and the memory budget, fill in defaults.
+# On a bad value the registry prints one line (knob, value, what is allowed) and we exit 2.
+resolve_knobs() {
+  local launcher="$1" exports
+  if ! exports="$(python3 -m sparkserve knobs resolve --launcher "${launcher}" --prog "${PROG}")"; then
+    exit 2
+  fi
+  eval "${exports}"
+}
+
+# common_vllm_args: the arguments both launchers give `vllm serve`, into VLLM_ARGS.
+common_vllm_args() {
+  VLLM_ARGS=(
+    --model "${MODEL}"
+    --served-model-name "${SERVED_MODEL_NAME}"
+    --host "${HOST}"
+    --port "${PORT}"
+    --gpu-memory-utilization "${GPU_MEM}"
+    --max-model-len "${MAX_MODEL_LEN}"
+    --max-num-seqs "${MAX_NUM_SEQS}"
+    --max-num-batched-tokens "${MAX_BATCHED_TOKENS}"
+    --load-format "${LOAD_FORMAT}"
+  )
+  if [[ "${PREFIX_CACHE}" == 1 ]]; then
+    VLLM_ARGS+=(--enable-prefix-caching)
+    if [[ "${WORKAROUND_MAMBA_ALIGN_FLAG}" == 1 ]]; then
+      printf '%s: vLLM %s: %s\n' "${PROG}" "${VLLM_FOUND_VERSION}" \
+        "${WORKAROUND_MAMBA_ALIGN_FLAG_REASON}" >&2
+      VLLM_ARGS+=(--mamba-cache-mode align)
+    fi
+  else
+    VLLM_ARGS+=(--no-enable-prefix-caching)
+  fi
+  if [[ -n "${TOOL_PARSER}" ]]; then
+    VLLM_ARGS+=(--enable-auto-tool-choice --tool-call-parser "${TOOL_PARSER}")
+  fi
+  if [[ -n "${REASONING_PARSER}" ]]; then
+    VLLM_ARGS+=(--reasoning-parser "${REASONING_PARSER}")
+  fi
+}
+
+# append_extra_args: EXTRA_ARGS, split as a shell would (quotes respected, nothing expanded)
+# by the registry into EXTRA_ARGV, appended last so they can override anything above.
+append_extra_args() {
+  VLLM_ARGS+=("${EXTRA_ARGV[@]}")
+}
+
+# export_vllm_env: the environment vLLM runs with.
+export_vllm_env() {
+  export HF_HOME
+  # Compile artefacts on the model-cache volume: a restart reuses them instead of recompiling.
+  export VLLM_CACHE_ROOT="${HF_HOME}/vllm"
+  export VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS SPARK_KEEP_BF16_LMHEAD
+  # The key goes through the environment so that it never shows in `ps` or in logs.
+  if [[ -n "${API_KEY:-}" ]]; then
+    export VLLM_API_KEY="${API_KEY}"
+  fi
+  unset API_KEY
+}
+
+# print_dry_run: the exact environment and command, secrets hidden, for DRY_RUN=1.
+print_dry_run() {
+  local name
+  printf '%s: dry run (vLLM %s found); nothing started\n' "${PROG}" "${VLLM_FOUND_VERSION}"
+  for name in HF_HOME VLLM_CACHE_ROOT VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS \
+    SPARK_KEEP_BF16_LMHEAD; do
+    printf 'env: %s=%s\n' "${name}" "${!name@Q}"
+  done
+  for name in VLLM_API_KEY HF_TOKEN; do
+    if [[ -n "${!name:-}" ]]; then
+      printf 'env: %s=<hidden>\n' "${name}"
+    fi
+  done
+  printf 'exec: vllm serve %s\n' "${VLLM_ARGS[*]@Q}"
+}
+
+# start_vllm: exec vLLM in this process, so `docker stop` (SIGTERM) reaches it directly.
+start_vllm() {
+  export_vllm_env
+  if [[ "${DRY_RUN}" == 1 ]]; then
+    print_dry_run
+    exit 0
+  fi
+  printf '%s: starting vLLM %s: %s on %s:%s (GPU_MEM %s of %s GiB, prefix cache %s)\n' \
+    "${PROG}" "${VLLM_FOUND_VERSION}" "${MODEL}" "${HOST}" "${PORT}" "${GPU_MEM}" \
+    "${MEM_TOTAL_GIB}" "${PREFIX_CACHE}" >&2
+  exec vllm serve "${VLLM_ARGS[@]}"
+}

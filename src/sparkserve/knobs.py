@@ -1,0 +1,219 @@
+"""Every setting a user can change, declared once: env name, type, default, allowed values, why.
+
+The launchers validate against this registry before they start anything; docker-compose.yml,
+.env.example and docs/KNOBS.md are generated from it (`sparkserve knobs render ...`), and a
+test fails when a generated file drifts from it.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import shlex
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Literal
+
+Launcher = Literal["dflash", "mtp"]
+LAUNCHERS: tuple[Launcher, ...] = ("dflash", "mtp")
+Kind = Literal["int", "float", "bool", "choice", "text"]
+
+
+class KnobError(ValueError):
+    """A knob's value is not allowed; the message is one line naming knob, value and rule."""
+
+
+@dataclass(frozen=True)
+class Knob:
+    name: str
+    kind: Kind
+    default: str
+    why: str
+    group: str
+    minimum: float | None = None
+    maximum: float | None = None
+    choices: tuple[str, ...] = ()
+    pattern: str | None = None  # for text: the whole value must match
+    shell_words: bool = False  # for text: must split like a shell command line
+    empty_ok: bool = False  # an empty value is allowed (and means "off" or "unset")
+    secret: bool = False  # never printed
+    mtp_default: str | None = None  # mtp_serve.sh's default where it differs
+    launchers: tuple[Launcher, ...] = LAUNCHERS
+
+    def default_for(self, launcher: Launcher) -> str:
+        if launcher == "mtp" and self.mtp_default is not None:
+            return self.mtp_default
+        return self.default
+
+    def allowed(self) -> str:
+        """The rule in words, as the error message and the docs show it."""
+        if self.kind == "bool":
+            text = "0 or 1"
+        elif self.kind in ("int", "float"):
+            number = "an integer" if self.kind == "int" else "a number"
+            text = f"{number} from {_fmt(self.minimum)} to {_fmt(self.maximum)}"
+        elif self.kind == "choice":
+            text = "one of " + ", ".join(c for c in self.choices if c)
+        elif self.shell_words:
+            text = "arguments quoted as in a shell (balanced quotes)"
+        elif self.pattern is not None:
+            text = f"text matching {self.pattern}"
+        else:
+            text = "any text"
+        return f"{text}, or empty" if self.empty_ok and self.kind != "bool" else text
+
+    def check(self, value: str) -> str:
+        """Return the value normalised (stripped), or raise KnobError."""
+        value = value.strip()
+        if value == "" and self.empty_ok:
+            return value
+        if self.kind == "bool":
+            if value in ("0", "1"):
+                return value
+        elif self.kind in ("int", "float"):
+            number = _parse_number(value, self.kind)
+            if number is not None and _within(number, self.minimum, self.maximum):
+                return value
+        elif self.kind == "choice":
+            if value in self.choices:
+                return value
+        elif self.shell_words:
+            if _splits(value):
+                return value
+        elif self.pattern is None or re.fullmatch(self.pattern, value):
+            return value
+        shown = "<hidden>" if self.secret else repr(value)
+        raise KnobError(f"{self.name}={shown}: must be {self.allowed()}")
+
+
+def _fmt(number: float | None) -> str:
+    if number is None:
+        return "any"
+    return str(int(number)) if float(number).is_integer() else str(number)
+
+
+def _parse_number(text: str, kind: Kind) -> float | None:
+    try:
+        number = int(text) if kind == "int" else float(text)
+    except ValueError:
+        return None
+    return number if math.isfinite(number) else None
+
+
+def _splits(text: str) -> bool:
+    try:
+        shlex.split(text)
+    except ValueError:
+        return False
+    return True
+
+
+def _within(number: float, low: float | None, high: float | None) -> bool:
+    return (low is None or number >= low) and (high is None or number <= high)
+
+
+_NAME = r"[A-Za-z0-9/.][A-Za-z0-9._:/-]*"  # a model id, a local path or a served name
+_HOSTNAME = r"[A-Za-z0-9.:_-]+"
+
+KNOBS: tuple[Knob, ...] = (
+    # The model
+    Knob("MODEL", "text", "Intel/Qwen3.5-122B-A10B-int4-AutoRound", group="model",
+         pattern=_NAME,
+         why="Target checkpoint (Hugging Face id or path). int4 is what fits: bf16 weights of "
+             "a 122B model exceed the Spark's 128 GB."),
+    Knob("DRAFT_MODEL", "text", "z-lab/Qwen3.5-122B-A10B-DFlash", group="model",
+         pattern=_NAME, launchers=("dflash",),
+         why="DFlash block-diffusion drafter matched to the target; it shares the target's "
+             "embedding and lm-head."),
+    Knob("SERVED_MODEL_NAME", "text", "qwen3.5-122b-a10b", group="model", pattern=_NAME,
+         why="The model name clients send in requests."),
+    Knob("NUM_SPEC_TOKENS", "int", "12", mtp_default="2", minimum=0, maximum=16,
+         group="model",
+         why="Tokens drafted per step; 0 turns speculative decoding off. 12 suits DFlash "
+             "(block size 16), 2 suits the model's single MTP layer."),
+    Knob("DRAFT_ATTENTION_BACKEND", "choice", "", group="model", empty_ok=True,
+         choices=("", "FLASH_ATTN", "FLASHINFER", "TRITON_ATTN", "FLEX_ATTENTION"),
+         launchers=("dflash",),
+         why="Attention backend for the drafter's non-causal attention; empty lets vLLM "
+             "choose."),
+    Knob("LOAD_FORMAT", "choice", "fastsafetensors", group="model",
+         choices=("fastsafetensors", "safetensors", "auto", "dummy"),
+         why="fastsafetensors loads the weights in about 32 s on a Spark against about "
+             "8 min for the default loader."),
+    Knob("TOOL_PARSER", "text", "qwen3_xml", group="model", pattern=r"[a-z0-9_]+",
+         empty_ok=True,
+         why="Tool-call parser for the chat API (enables auto tool choice); empty disables."),
+    Knob("REASONING_PARSER", "text", "qwen3", group="model", pattern=r"[a-z0-9_]+",
+         empty_ok=True,
+         why="Splits the model's thinking from its answer; empty disables."),
+    # Memory
+    Knob("GPU_MEM", "float", "0.82", minimum=0.1, maximum=0.95, group="memory",
+         why="Share of unified memory vLLM may take. The GPU's memory is the host's: "
+             "over-reserving pushes the Spark into swap or freezes it."),
+    Knob("OS_RESERVE_GB", "float", "14", minimum=4, maximum=64, group="memory",
+         why="GiB the launcher insists stay outside vLLM's share for the OS, Docker and page "
+             "cache; it refuses a GPU_MEM that leaves less."),
+    Knob("MAX_MODEL_LEN", "int", "262144", minimum=256, maximum=262144, group="memory",
+         why="Longest request (prompt + output) in tokens; the model's native context."),
+    Knob("MAX_NUM_SEQS", "int", "3", minimum=1, maximum=256, group="memory",
+         why="Requests served at once; 3 keeps the KV pool above one full-length request "
+             "each on a Spark."),
+    Knob("MAX_BATCHED_TOKENS", "int", "8192", minimum=256, maximum=65536, group="memory",
+         why="Tokens per scheduler step (chunked prefill). 4096 gained only about 2.5k KV "
+             "tokens on a Spark and slowed prefill."),
+    Knob("PREFIX_CACHE", "bool", "1", group="memory",
+         why="Reuse the KV of shared prompt prefixes (multi-turn chat, agents); 0 disables. "
+             "Turns on Mamba align mode for the hybrid target."),
+    Knob("VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS", "bool", "0", group="memory",
+         why="1 restores vLLM's CUDA-graph memory estimate, which over-counts on "
+             "GatedDeltaNet models (vLLM issue #50780) and shrinks the KV pool."),
+    Knob("SPARK_KEEP_BF16_LMHEAD", "bool", "0", group="memory",
+         why="1 keeps the bf16 lm-head instead of the plugin's int8 copy (about 0.7 GiB "
+             "back to the KV pool, half the head's memory traffic)."),
+    # Network and access
+    Knob("HOST", "text", "0.0.0.0", group="network", pattern=_HOSTNAME,
+         why="Address the server binds inside the container; compose publishes it on "
+             "127.0.0.1 only."),
+    Knob("PORT", "int", "8000", minimum=1, maximum=65535, group="network",
+         why="Port of the OpenAI-compatible API."),
+    Knob("API_KEY", "text", "", group="network", empty_ok=True, secret=True,
+         pattern=r"\S+",
+         why="Bearer token clients must send; empty means no authentication. Passed to "
+             "vLLM through its environment, never on the command line."),
+    Knob("HF_TOKEN", "text", "", group="network", empty_ok=True, secret=True,
+         pattern=r"\S+",
+         why="Hugging Face token for gated or private checkpoints; empty for public ones."),
+    Knob("HF_HOME", "text", "/root/.cache/huggingface", group="network",
+         pattern=r"/\S*",
+         why="Model cache (a volume); vLLM's compile cache is kept under it too, so restarts "
+             "skip recompiling."),
+    # Launcher behaviour
+    Knob("EXTRA_ARGS", "text", "", group="launcher", empty_ok=True, shell_words=True,
+         why="More `vllm serve` arguments, split like a shell would, appended last."),
+    Knob("DRY_RUN", "bool", "0", group="launcher",
+         why="1 prints the exact command and environment, then exits without starting "
+             "vLLM."),
+)  # fmt: skip
+
+BY_NAME: dict[str, Knob] = {knob.name: knob for knob in KNOBS}
+GROUP_TITLES = {
+    "model": "Model and speculative decoding",
+    "memory": "Memory and limits",
+    "network": "Network, access and caches",
+    "launcher": "Launcher behaviour",
+}
+
+
+def knobs_for(launcher: Launcher) -> tuple[Knob, ...]:
+    return tuple(knob for knob in KNOBS if launcher in knob.launchers)
+
+
+def resolve(env: Mapping[str, str], launcher: Launcher) -> dict[str, str]:
+    """Each knob of `launcher` from `env` (unset or empty: its default), validated."""
+    values: dict[str, str] = {}
+    for knob in knobs_for(launcher):
+        raw = env.get(knob.name)
+        if raw is None or (raw.strip() == "" and not knob.empty_ok):
+            raw = knob.default_for(launcher)
+        values[knob.name] = knob.check(raw)
+    return values

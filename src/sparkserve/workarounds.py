@@ -1,0 +1,55 @@
+"""Known vLLM bugs the launchers work around, by release range."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from sparkserve.knobs import Launcher
+from sparkserve.versions import parse_release
+
+
+@dataclass(frozen=True)
+class Workaround:
+    env: str  # the variable the launcher reads (1: apply)
+    first: tuple[int, ...]  # first affected release
+    last: tuple[int, ...]  # last affected release (inclusive; patch level ignored)
+    launchers: tuple[Launcher, ...]
+    needs_prefix_cache: bool
+    reason: str
+
+    def applies(self, version: str, launcher: Launcher, prefix_cache: bool) -> bool:
+        try:
+            release = parse_release(version)[:2]
+        except ValueError:
+            return False
+        return (
+            launcher in self.launchers
+            and (prefix_cache or not self.needs_prefix_cache)
+            and self.first[:2] <= release <= self.last[:2]
+        )
+
+
+WORKAROUNDS: tuple[Workaround, ...] = (
+    Workaround(
+        env="WORKAROUND_DISABLE_EAGLE_BLOCK_DROP",
+        first=(0, 30),
+        last=(0, 32),
+        launchers=("dflash",),
+        needs_prefix_cache=True,
+        reason=(
+            "EAGLE's trailing-block drop is applied to DFlash, so prefix lookups miss "
+            '(vLLM issue #51250, fixed in 0.33.0): adding "disable_eagle_block_drop": true'
+        ),
+    ),
+    Workaround(
+        env="WORKAROUND_MAMBA_ALIGN_FLAG",
+        first=(0, 23),
+        last=(0, 32),
+        launchers=("dflash", "mtp"),
+        needs_prefix_cache=True,
+        reason=(
+            "prefix caching on a hybrid model needs Mamba align mode, which releases before "
+            "0.33 take only from --mamba-cache-mode align: adding it"
+        ),
+    ),
+)

@@ -1,0 +1,1 @@
+"""Helpers for end-to-end tests against a real vLLM CPU server."""

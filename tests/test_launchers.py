@@ -1,0 +1,270 @@
+"""serve.sh and mtp_serve.sh: every shipped combination through vLLM's own parser, and every
+bad knob refused before anything starts."""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from sparkserve.knobs import KNOBS, Knob
+from support.geometry import write_geometry_models
+
+REPO = Path(__file__).resolve().parents[1]
+LAUNCHERS = {"dflash": REPO / "serve.sh", "mtp": REPO / "mtp_serve.sh"}
+CHECKER = REPO / "tests" / "scenarios" / "engine_config_check.py"
+
+# launcher, knobs set, and what the engine configuration must then say
+CASES: dict[str, tuple[str, dict[str, str], dict[str, object]]] = {
+    "dflash-defaults": ("dflash", {}, {
+        "speculative_method": "dflash", "num_speculative_tokens": 12,
+        "enable_prefix_caching": True, "mamba_cache_mode": "align",
+        "max_model_len": 262144, "max_num_seqs": 3, "max_num_batched_tokens": 8192,
+        "gpu_memory_utilization": 0.82, "draft_architecture": "DFlashDraftModel",
+        "tool_call_parser": "qwen3_xml", "reasoning_parser": "qwen3",
+    }),
+    "dflash-no-prefix-cache": ("dflash", {"PREFIX_CACHE": "0"}, {
+        "speculative_method": "dflash", "enable_prefix_caching": False,
+    }),
+    "dflash-4-tokens-flex-drafter": (
+        "dflash", {"NUM_SPEC_TOKENS": "4", "DRAFT_ATTENTION_BACKEND": "FLEX_ATTENTION"},
+        {"speculative_method": "dflash", "num_speculative_tokens": 4},
+    ),
+    "dflash-limits": ("dflash", {
+        "MAX_MODEL_LEN": "32768", "MAX_NUM_SEQS": "8", "MAX_BATCHED_TOKENS": "4096",
+        "GPU_MEM": "0.7", "LOAD_FORMAT": "dummy",
+    }, {
+        "max_model_len": 32768, "max_num_seqs": 8, "max_num_batched_tokens": 4096,
+        "gpu_memory_utilization": 0.7, "load_format": "dummy",
+    }),
+    "dflash-off-no-parsers": (
+        "dflash", {"NUM_SPEC_TOKENS": "0", "TOOL_PARSER": "", "REASONING_PARSER": ""},
+        {"speculative_method": None, "tool_call_parser": None, "reasoning_parser": ""},
+    ),
+    "mtp-defaults": ("mtp", {}, {
+        "speculative_method": "mtp", "num_speculative_tokens": 2,
+        "enable_prefix_caching": True, "mamba_cache_mode": "align", "max_num_seqs": 3,
+    }),
+    "mtp-1-token-no-prefix-cache": ("mtp", {"NUM_SPEC_TOKENS": "1", "PREFIX_CACHE": "0"}, {
+        "speculative_method": "mtp", "num_speculative_tokens": 1, "enable_prefix_caching": False,
+    }),
+}  # fmt: skip
+
+
+def launcher_env(**knobs: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k not in {knob.name for knob in KNOBS}}
+    env.update(
+        PYTHONPATH=f"{REPO / 'src'}:{env.get('PYTHONPATH', '')}",
+        OS_RESERVE_GB="4",  # the test machine has 24 GiB, not a Spark's 119.7 GiB
+        HF_HUB_OFFLINE="1",
+        VLLM_TARGET_DEVICE="cpu",
+    )
+    env.update(knobs)
+    return env
+
+
+def run_launcher(launcher: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [str(LAUNCHERS[launcher])], env=env, capture_output=True, text=True, timeout=120
+    )
+
+
+def dry_run_argv(launcher: str, env: dict[str, str]) -> list[str]:
+    done = run_launcher(launcher, {**env, "DRY_RUN": "1"})
+    assert done.returncode == 0, done.stderr
+    command = [line for line in done.stdout.splitlines() if line.startswith("exec: ")]
+    assert len(command) == 1, done.stdout
+    argv = shlex.split(command[0].removeprefix("exec: "))
+    assert argv[:2] == ["vllm", "serve"]
+    return argv[2:]
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    return write_geometry_models(tmp_path_factory.mktemp("geometry"))
+
+
+@pytest.fixture(scope="module")
+def engine_configs(models: tuple[Path, Path], tmp_path_factory: pytest.TempPathFactory) -> dict:
+    target, drafter = models
+    cases = {
+        name: dry_run_argv(
+            launcher, launcher_env(MODEL=str(target), DRAFT_MODEL=str(drafter), **knobs)
+        )
+        for name, (launcher, knobs, _) in CASES.items()
+    }
+    work = tmp_path_factory.mktemp("engine")
+    (work / "in.json").write_text(json.dumps(cases))
+    done = subprocess.run(
+        [sys.executable, str(CHECKER), str(work / "in.json"), str(work / "out.json")],
+        env=launcher_env(),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, (done.stdout + done.stderr)[-4000:]
+    return json.loads((work / "out.json").read_text())
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_vllm_builds_an_engine_config_for_every_shipped_combination(
+    case: str, engine_configs: dict, models: tuple[Path, Path]
+) -> None:
+    result = engine_configs[case]
+    assert result["ok"], result.get("error")
+    launcher, _, expected = CASES[case]
+    assert result["model"] == str(models[0])
+    assert result["architecture"] == "Qwen3_5MoeForCausalLM"
+    assert result["served_model_name"] == "qwen3.5-122b-a10b"
+    if launcher == "dflash" and result["speculative_method"]:
+        assert result["draft_model"] == str(models[1])
+    for key, value in expected.items():
+        assert result[key] == value, (key, result)
+
+
+def bad_values(knob: Knob) -> list[str]:
+    """Values the registry must refuse for `knob`, derived from its rule."""
+    if knob.kind == "bool":
+        return ["yes", "2"]
+    if knob.kind in ("int", "float"):
+        assert knob.minimum is not None and knob.maximum is not None
+        values = ["abc", str(knob.minimum - 1), str(knob.maximum * 2), "nan"]
+        return [*values, "1.5"] if knob.kind == "int" else values
+    if knob.kind == "choice":
+        return ["bogus"]
+    if knob.shell_words:
+        return ["--flag 'unbalanced"]
+    assert knob.pattern is not None, f"{knob.name}: a text knob needs a pattern to check"
+    return ["has a space!"]
+
+
+BAD = [(knob, value) for knob in KNOBS for value in bad_values(knob)]
+
+
+@pytest.fixture()
+def sentinel_bin(tmp_path: Path) -> tuple[Path, Path]:
+    """A fake `vllm` first on PATH: it records that it ran, so we can prove nothing started."""
+    bin_dir, marker = tmp_path / "bin", tmp_path / "vllm-ran"
+    bin_dir.mkdir()
+    fake = bin_dir / "vllm"
+    fake.write_text(
+        f'#!/bin/sh\necho "$$" > {marker}\nprintf "%s\\n" "$@" > {marker}.argv\n'
+        f"env > {marker}.env\n"
+    )
+    fake.chmod(0o755)
+    return bin_dir, marker
+
+
+@pytest.mark.parametrize("launcher", sorted(LAUNCHERS))
+@pytest.mark.parametrize(("knob", "value"), BAD, ids=[f"{k.name}={v}" for k, v in BAD])
+def test_bad_knob_value_is_one_line_exit_2_and_nothing_starts(
+    launcher: str, knob: Knob, value: str, sentinel_bin: tuple[Path, Path]
+) -> None:
+    if launcher not in knob.launchers:
+        pytest.skip(f"{knob.name} is not read by the {launcher} launcher")
+    bin_dir, marker = sentinel_bin
+    env = launcher_env(**{knob.name: value})
+    env["PATH"] = f"{bin_dir}:{env['PATH']}"
+    done = run_launcher(launcher, env)
+    assert done.returncode == 2, done
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1, done.stderr
+    assert lines[0].startswith(f"{LAUNCHERS[launcher].name}: {knob.name}=")
+    assert "must be" in lines[0]
+    if knob.secret:
+        assert value not in lines[0]
+    else:
+        assert repr(value) in lines[0]
+    assert not marker.exists()
+
+
+def test_gpu_mem_that_starves_the_os_is_refused_with_the_numbers(
+    sentinel_bin: tuple[Path, Path],
+) -> None:
+    bin_dir, marker = sentinel_bin
+    env = launcher_env(GPU_MEM="0.95", OS_RESERVE_GB="14")
+    env["PATH"] = f"{bin_dir}:{env['PATH']}"
+    done = run_launcher("dflash", env)
+    assert done.returncode == 2
+    message = done.stderr.strip()
+    assert message.startswith("serve.sh: GPU_MEM=0.95: 0.95 of ")
+    assert "GiB to the OS, less than OS_RESERVE_GB=14" in message
+    assert "the largest GPU_MEM that keeps it is" in message
+    assert not marker.exists()
+
+
+def test_launcher_execs_vllm_with_the_key_in_its_environment_only(
+    sentinel_bin: tuple[Path, Path], tmp_path: Path
+) -> None:
+    bin_dir, marker = sentinel_bin
+    env = launcher_env(API_KEY="s3cr3t-key", HF_TOKEN="hf_s3cr3t", HF_HOME=str(tmp_path / "hf"))
+    env["PATH"] = f"{bin_dir}:{env['PATH']}"
+    process = subprocess.Popen(
+        [str(LAUNCHERS["dflash"])],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    stdout, stderr = process.communicate(timeout=120)
+    assert process.returncode == 0, stderr
+    assert marker.read_text().strip() == str(process.pid), "vLLM must replace the launcher (exec)"
+    argv = (marker.parent / "vllm-ran.argv").read_text()
+    child_env = (marker.parent / "vllm-ran.env").read_text().splitlines()
+    assert "s3cr3t" not in argv and "s3cr3t" not in stdout + stderr
+    assert "VLLM_API_KEY=s3cr3t-key" in child_env
+    assert not any(line.startswith("API_KEY=") for line in child_env)
+    assert f"VLLM_CACHE_ROOT={tmp_path / 'hf' / 'vllm'}" in child_env
+    assert "VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS=0" in child_env
+
+
+def test_dry_run_hides_secrets_and_keeps_the_compile_cache_on_the_volume() -> None:
+    done = run_launcher(
+        "mtp", launcher_env(DRY_RUN="1", API_KEY="s3cr3t-key", HF_TOKEN="hf_s3cr3t")
+    )
+    assert done.returncode == 0, done.stderr
+    assert "s3cr3t" not in done.stdout + done.stderr
+    assert "env: VLLM_API_KEY=<hidden>" in done.stdout
+    assert "env: HF_TOKEN=<hidden>" in done.stdout
+    assert "env: VLLM_CACHE_ROOT='/root/.cache/huggingface/vllm'" in done.stdout
+    assert "env: VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS='0'" in done.stdout
+
+
+def test_estimate_cudagraphs_can_be_restored() -> None:
+    done = run_launcher(
+        "dflash", launcher_env(DRY_RUN="1", VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS="1")
+    )
+    assert "env: VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS='1'" in done.stdout
+
+
+def test_extra_args_are_split_like_a_shell_and_come_last() -> None:
+    argv = dry_run_argv("dflash", launcher_env(EXTRA_ARGS="--enforce-eager --seed '4 2'"))
+    assert argv[-3:] == ["--enforce-eager", "--seed", "4 2"]
+
+
+@pytest.mark.parametrize(
+    ("version", "applied"), [("0.31.2", True), ("0.32.0", True), ("0.33.0", False)]
+)
+def test_dflash_prefix_cache_workaround_follows_the_vllm_release(
+    tmp_path: Path, version: str, applied: bool
+) -> None:
+    fake = tmp_path / "site" / "vllm"
+    fake.mkdir(parents=True)
+    (fake / "__init__.py").write_text("")
+    (fake / "_version.py").write_text(f"__version__ = version = '{version}'\n")
+    env = launcher_env(DRY_RUN="1")
+    env["PYTHONPATH"] = f"{REPO / 'src'}:{fake.parent}"
+    done = run_launcher("dflash", env)
+    assert done.returncode == 0, done.stderr
+    assert ('"disable_eagle_block_drop":true' in done.stdout) is applied
+    assert ("vLLM issue #51250" in done.stderr) is applied
+    assert ("'--mamba-cache-mode' 'align'" in done.stdout) is applied
+    mtp = run_launcher("mtp", env)
+    assert "disable_eagle_block_drop" not in mtp.stdout
+    off = run_launcher("dflash", {**env, "PREFIX_CACHE": "0"})
+    assert "disable_eagle_block_drop" not in off.stdout
