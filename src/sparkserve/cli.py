@@ -1,8 +1,13 @@
-"""The `sparkserve` command: one entry point for the project's tools."""
+"""The `sparkserve` command: one entry point for the project's tools.
+
+Each tool lives in its own module with an `add_command(subparsers)` that registers its
+sub-command and sets `run` (a function taking the parsed arguments, returning the exit code).
+"""
 
 from __future__ import annotations
 
 import argparse
+import importlib
 import os
 import sys
 from pathlib import Path
@@ -16,17 +21,35 @@ from sparkserve.patching.cli import run as run_patch
 
 REPO = Path(__file__).resolve().parents[2]
 
+# Modules that add their own sub-command (see the module docstring).
+COMMAND_MODULES: tuple[str, ...] = ()
+
+
+def _run_patch(args: argparse.Namespace) -> int:
+    return run_patch(ALL_PATCHES[args.name], args.options, prog=f"sparkserve patch {args.name}")
+
+
+def _run_knobs(args: argparse.Namespace) -> int:
+    if args.knobs_command == "resolve":
+        return main_resolve(args.launcher, os.environ, args.prog)
+    drifted = sync(args.repo, check=args.check)
+    for name in drifted:
+        print(f"{'out of date' if args.check else 'updated'}: {name}")
+    return 1 if drifted and args.check else 0
+
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="sparkserve", description=__doc__)
+    parser = argparse.ArgumentParser(prog="sparkserve", description=__doc__.splitlines()[0])
     parser.add_argument("--version", action="version", version=f"sparkserve {__version__}")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
 
     patch = commands.add_parser("patch", help="apply, check or revert a build-time vLLM patch")
     patch.add_argument("name", choices=sorted(ALL_PATCHES))
     patch.add_argument("options", nargs=argparse.REMAINDER, help="the patch's own options")
+    patch.set_defaults(run=_run_patch)
 
     knobs = commands.add_parser("knobs", help="the launchers' settings")
+    knobs.set_defaults(run=_run_knobs)
     knob_commands = knobs.add_subparsers(dest="knobs_command", metavar="ACTION", required=True)
     resolve = knob_commands.add_parser(
         "resolve", help="validate the environment's knobs; print shell exports for a launcher"
@@ -38,19 +61,15 @@ def build_parser() -> argparse.ArgumentParser:
     )
     knob_sync.add_argument("--check", action="store_true", help="only report drift (exit 1)")
     knob_sync.add_argument("--repo", type=Path, default=REPO, help="the checkout to update")
+
+    for name in COMMAND_MODULES:
+        importlib.import_module(name).add_command(commands)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(sys.argv[1:] if argv is None else argv)
-    if args.command == "patch":
-        return run_patch(ALL_PATCHES[args.name], args.options, prog=f"sparkserve patch {args.name}")
-    if args.knobs_command == "resolve":
-        return main_resolve(args.launcher, os.environ, args.prog)
-    drifted = sync(args.repo, check=args.check)
-    for name in drifted:
-        print(f"{'out of date' if args.check else 'updated'}: {name}")
-    return 1 if drifted and args.check else 0
+    return int(args.run(args))
 
 
 if __name__ == "__main__":
