@@ -48,9 +48,9 @@ def shared_server(
 ) -> Iterator[VllmServer]:
     """serve.sh with the tiny target, the tiny DFlash drafter and prefix caching, started once
     for every test that only sends requests and reads /metrics."""
-    server = launcher_server(
-        tmp_path_factory.mktemp("shared-server"), "dflash", tiny_models, sparkserve_site
-    ).start()
+    work = tmp_path_factory.mktemp("shared-server")
+    knobs = {"SPARKSERVE_LMHEAD_REPORT": str(work / "lmhead")}  # the plugin says what it did
+    server = launcher_server(work, "dflash", tiny_models, sparkserve_site, knobs).start()
     try:
         server.wait_healthy(timeout_s=300)
         yield server

@@ -1,0 +1,369 @@
+"""Correctness and speed of the int8 lm-head kernel against the bf16 head, on one CUDA GPU.
+
+One call does everything: device copy bandwidth (the floor's denominator), an optional config sweep
+(``--sweep``), correctness (relative error against a float64 product of the dequantised weight,
+poisoned output, bias, CUDA-graph capture, top-1 agreement with the bf16 head) and timing
+(``triton.testing.do_bench``, median) for every shape and M. Prints a table last and writes JSON to
+``--out`` (default ``$OUT/lmhead_bench.json``). Exits 1 when a correctness check fails; the speed
+targets are reported, not asserted.
+
+    PYTHONUNBUFFERED=1 python3 benchmarks/lmhead_bench.py [--sweep]
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import datetime as dt
+import json
+import math
+import os
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+
+from sparkserve.lmhead import int8_kernel
+from sparkserve.lmhead.int8_kernel import (
+    KernelConfig,
+    int8_linear,
+    quantize_rows_int8,
+    select_config,
+)
+
+SHAPES = [(248320, 3072), (151936, 2048), (248320, 2048)]  # (N, K); the first is Qwen3.5-122B's
+MS = [1, 2, 4, 8, 13, 16, 26, 39, 64]
+REL_TOL = 1e-2
+TOP1_MIN = 0.999
+SPEEDUP_TARGET = 1.8
+FLOOR_TARGET = {1: 1.1, 64: 1.3}
+
+
+def log(msg: str) -> None:
+    print(msg, flush=True)
+
+
+def bench(fn, rep_ms: float = 100.0, warmup_ms: float = 25.0) -> float:
+    import triton.testing
+
+    return float(triton.testing.do_bench(fn, warmup=warmup_ms, rep=rep_ms, return_mode="median"))
+
+
+def copy_bandwidth(dev: torch.device) -> dict:
+    nbytes = 4 << 30
+    src = torch.randn(nbytes // 4, device=dev)
+    dst = torch.empty_like(src)
+    ms = bench(lambda src=src, dst=dst: dst.copy_(src), rep_ms=300)
+    bw = 2 * nbytes / (ms * 1e-3)  # bytes read + written per second
+    del src, dst
+    torch.cuda.empty_cache()
+    return {"bytes_each_way": nbytes, "ms": ms, "bytes_per_s": bw}
+
+
+def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
+    return float((out.double() - ref).norm() / ref.norm())
+
+
+def sweep_candidates() -> list[KernelConfig]:
+    """mmab configs for M > 16, one list for every swept M (each compiles once; M is not a
+    specialisation key). Families: the current table's entries; 16- and 32-row blocks run as several
+    programs per weight tile; 64-row blocks and 16-row splits with ``mma_v2``; all of these
+    with ``asm_cvt`` (inline-PTX int8 -> bf16, one textually distinct conversion per row block).
+    Calls 1 and 2 of 2026-11-30 swept other families: see benchmarks/NOTES-lmhead.md."""
+    cands: list[KernelConfig] = [c for _, c in int8_kernel.CONFIG_TABLE]
+    cands += [dataclasses.replace(c, asm_cvt=True) for c in list(cands)]
+    for bm, split in ((16, 1), (16, 2), (16, 3), (16, 4), (32, 1), (32, 2), (64, 1)):
+        for bn, bk, warps, stages in ((128, 128, 4, 3), (128, 256, 4, 3), (128, 128, 4, 4)):
+            cands.append(KernelConfig("mmab", bm, bn, bk, warps, stages, split, asm_cvt=True))
+    out: list[KernelConfig] = []
+    for c in cands:
+        if c not in out:
+            out.append(c)
+    return out
+
+
+SWEEP_MS = [1, 16, 26, 32, 39, 48, 64]
+
+
+def _short(cfg: KernelConfig) -> str:
+    return (
+        f"bm{cfg.block_m} bn{cfg.block_n} bk{cfg.block_k} w{cfg.num_warps} s{cfg.num_stages}"
+        f" x{cfg.split_m}{' v2' if cfg.mma_v2 else ''}{' asm' if cfg.asm_cvt else ''}"
+    )
+
+
+def sweep(dev: torch.device, n: int, k: int, budget_s: float) -> dict:
+    w = (torch.randn(n, k, device=dev) * 0.02).to(torch.bfloat16)
+    q, s = quantize_rows_int8(w)
+    del w
+    t_end = time.monotonic() + budget_s
+    xs = {m: torch.randn(m, k, device=dev, dtype=torch.bfloat16) for m in SWEEP_MS}
+    refs = {m: int8_linear(xs[m].float(), q, s) for m in SWEEP_MS}  # torch path, fp32
+    results: dict[int, list[tuple[float, KernelConfig, bool]]] = {m: [] for m in SWEEP_MS}
+    for cfg in sweep_candidates():
+        if time.monotonic() > t_end:
+            log(f"sweep: time budget reached before {cfg}")
+            break
+        try:
+            for m in SWEEP_MS:
+                x = xs[m]
+                out = torch.empty((m, n), device=dev, dtype=torch.bfloat16)
+                ck = int8_kernel._triton_int8_linear(x, q, s, None, out, cfg)
+                wg = "wgmma" in str(getattr(ck, "asm", {}).get("ptx", ""))
+                if (out.float() - refs[m]).abs().max().item() > 0.05 or out.isnan().any().item():
+                    log(f"sweep: {cfg} gives different results at M={m}")
+                    continue
+                ms = bench(lambda c=cfg, x=x, q=q, s=s: int8_linear(x, q, s, config=c), 25, 5)
+                results[m].append((ms, cfg, wg))
+        except Exception as exc:  # a config that does not compile or fit is skipped
+            log(f"sweep: {cfg} failed: {type(exc).__name__}: {str(exc)[:160]}")
+            continue
+        log(
+            f"sweep {_short(cfg)}: "
+            + " ".join(f"M{m}={r[-1][0]:.4f}" for m, r in results.items() if r and r[-1][1] == cfg)
+            + (" wgmma" if results[SWEEP_MS[0]] and results[SWEEP_MS[0]][-1][2] else "")
+        )
+    for m, rows in results.items():
+        rows.sort(key=lambda r: r[0])
+        log(f"sweep M={m}: table {select_config(m)}")
+        for ms, cfg, wg in rows[:6]:
+            log(f"  {ms:.4f} ms  {_short(cfg)}{' wgmma' if wg else ''}")
+    del q, s
+    torch.cuda.empty_cache()
+    return {
+        str(m): [{"ms": ms, "wgmma": wg, **dataclasses.asdict(cfg)} for ms, cfg, wg in rows]
+        for m, rows in results.items()
+    }
+
+
+def top1_check(
+    dev: torch.device, w: torch.Tensor, q: torch.Tensor, s: torch.Tensor, rows: int, peaked: bool
+) -> dict:
+    """Argmax of the int8 head vs the bf16 head over `rows` fresh hidden rows, in chunks of 512."""
+    n, k = w.shape
+    agree = 0
+    clear_disagree = 0
+    max_err_vs_bf16 = 0.0
+    max_gap_disagree = 0.0
+    wf = w.float()
+    for r0 in range(0, rows, 512):
+        r = min(512, rows - r0)
+        x = torch.randn(r, k, device=dev)
+        if peaked:  # a confident model: the hidden state points at one token's row
+            t = torch.randint(0, n, (r,), device=dev)
+            a = torch.empty(r, device=dev).uniform_(8.0, 14.0)
+            wt = wf[t]
+            x = x + a[:, None] * wt / wt.norm(dim=1, keepdim=True)
+        x = x * torch.rsqrt(x.pow(2).mean(dim=1, keepdim=True))  # RMSNorm scale: unit RMS
+        x = x.to(torch.bfloat16)
+        y8 = int8_linear(x, q, s)
+        y16 = x @ w.T
+        y32 = x.float() @ wf.T  # the bf16 head without output rounding, for near-tie detection
+        a8 = y8.argmax(dim=1)
+        a16 = y16.argmax(dim=1)
+        same = a8 == a16
+        agree += int(same.sum())
+        top2 = y32.topk(2, dim=1).values
+        gap = top2[:, 0] - top2[:, 1]
+        bad = ~same
+        if bool(bad.any()):
+            max_gap_disagree = max(max_gap_disagree, float(gap[bad].max()))
+            clear_disagree += int((bad & (gap > 0.125)).sum())
+        max_err_vs_bf16 = max(max_err_vs_bf16, float((y8.float() - y16.float()).abs().max()))
+    del wf
+    return {
+        "rows": rows,
+        "peaked": peaked,
+        "agreement": agree / rows,
+        "disagreements_with_fp32_gap_over_0.125": clear_disagree,
+        "largest_fp32_top2_gap_among_disagreements": max_gap_disagree,
+        "max_abs_logit_err_vs_bf16_head": max_err_vs_bf16,
+    }
+
+
+def run_shape(dev: torch.device, n: int, k: int, bw: float, top1_rows: int, failures: list) -> dict:
+    w = (torch.randn(n, k, device=dev) * 0.02).to(torch.bfloat16)
+    t0 = time.monotonic()
+    q, s = quantize_rows_int8(w)
+    torch.cuda.synchronize()
+    quant_s = time.monotonic() - t0
+    deq = q.double() * s.double()[:, None]
+    floor_ms = (q.numel() + 4 * n) / bw * 1e3
+    bf16_floor_ms = (2 * w.numel()) / bw * 1e3
+    rows = []
+    for m in MS:
+        # fresh each M; unit RMS, like RMSNorm output
+        x = torch.randn(m, k, device=dev, dtype=torch.bfloat16)
+        buf = torch.full((m + 1, n + 8), float("nan"), device=dev, dtype=torch.bfloat16)
+        out = buf[:m, :n]
+        int8_linear(x, q, s, out=out)
+        torch.cuda.synchronize()
+        ref = x.double() @ deq.T
+        err = rel_err(out, ref)
+        unwritten = int(out.isnan().sum())
+        outside = int((~buf[m:].isnan()).sum() + (~buf[:m, n:].isnan()).sum())
+        ok = err < REL_TOL and unwritten == 0 and outside == 0
+        bias_err = None
+        if m in (13, 64):  # bias after the product
+            bias = torch.randn(n, device=dev, dtype=torch.bfloat16)
+            bias_err = rel_err(int8_linear(x, q, s, bias), ref + bias.double())
+            ok = ok and bias_err < REL_TOL
+        if not ok:
+            failures.append(
+                f"N={n} K={k} M={m}: rel {err:.2e} bias {bias_err} "
+                f"unwritten {unwritten} outside {outside}"
+            )
+        del buf, ref
+        t_bf16 = bench(lambda x=x, w=w: torch.matmul(x, w.T))
+        t_int8 = bench(lambda x=x, q=q, s=s: int8_linear(x, q, s))
+        ratio = t_int8 / floor_ms
+        speedup = t_bf16 / t_int8
+        tgt = FLOOR_TARGET.get(m)
+        passed = speedup >= SPEEDUP_TARGET and (tgt is None or ratio <= tgt)
+        rows.append(
+            {
+                "M": m,
+                "bf16_ms": t_bf16,
+                "int8_ms": t_int8,
+                "speedup": speedup,
+                "int8_floor_ms": floor_ms,
+                "int8_over_floor": ratio,
+                "floor_target": tgt,
+                "target_met": passed,
+                "rel_err": err,
+                "bias_rel_err": bias_err,
+                "unwritten": unwritten,
+                "written_outside": outside,
+                "correct": ok,
+                "config": dataclasses.asdict(select_config(m)),
+            }
+        )
+        log(
+            f"N={n} K={k} M={m:3d} bf16 {t_bf16:.4f} int8 {t_int8:.4f} x{speedup:.2f} "
+            f"floor x{ratio:.2f} rel {err:.2e} {'ok' if ok else 'FAIL'}"
+        )
+    # CUDA-graph capture: capture at M=39, replay on new inputs.
+    m = 39
+    x = torch.randn(m, k, device=dev, dtype=torch.bfloat16)
+    int8_linear(x, q, s)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = int8_linear(x, q, s)
+    x.copy_(torch.randn(m, k, device=dev, dtype=torch.bfloat16))
+    graph.replay()
+    torch.cuda.synchronize()
+    graph_err = rel_err(captured, x.double() @ deq.T)
+    t_graph = bench(graph.replay)
+    if not graph_err < REL_TOL:
+        failures.append(f"N={n} K={k}: CUDA graph replay rel err {graph_err:.2e}")
+    del graph, captured, deq
+    torch.cuda.empty_cache()
+    top1 = {}
+    if top1_rows:
+        for peaked in (True, False):
+            res = top1_check(dev, w, q, s, top1_rows, peaked)
+            top1["peaked" if peaked else "random"] = res
+            log(f"N={n} K={k} top-1 {'peaked' if peaked else 'random'}: {res}")
+        if top1["peaked"]["agreement"] < TOP1_MIN:
+            failures.append(f"N={n} K={k}: top-1 agreement {top1['peaked']['agreement']:.5f}")
+        if top1["random"]["disagreements_with_fp32_gap_over_0.125"] > top1_rows * (1 - TOP1_MIN):
+            failures.append(f"N={n} K={k}: top-1 flips outside near-ties on random rows")
+    del w, q, s
+    torch.cuda.empty_cache()
+    return {
+        "N": n,
+        "K": k,
+        "quantize_s": quant_s,
+        "int8_floor_ms": floor_ms,
+        "bf16_floor_ms": bf16_floor_ms,
+        "rows": rows,
+        "graph_M39_rel_err": graph_err,
+        "graph_M39_replay_ms": t_graph,
+        "top1": top1,
+    }
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    default_out = (
+        os.path.join(os.environ["OUT"], "lmhead_bench.json") if os.environ.get("OUT") else None
+    )
+    ap.add_argument("--out", default=default_out, help="JSON path (default $OUT/lmhead_bench.json)")
+    ap.add_argument("--sweep", action="store_true", help="time candidate configs at the main shape")
+    ap.add_argument("--sweep-budget-s", type=float, default=200.0)
+    ap.add_argument("--top1-rows", type=int, default=4096)
+    ap.add_argument("--shapes", default="all", choices=["all", "main", "none"])
+    args = ap.parse_args()
+
+    if not torch.cuda.is_available() or not int8_kernel.HAS_TRITON:
+        log("needs a CUDA GPU and Triton")
+        return 2
+    torch.backends.cuda.matmul.allow_tf32 = False
+    dev = torch.device("cuda")
+    import triton
+
+    meta = {
+        "date_utc": dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M:%S"),
+        "gpu": torch.cuda.get_device_name(dev),
+        "torch": torch.__version__,
+        "triton": triton.__version__,
+        "cuda": torch.version.cuda,
+        "config_table": [[b, dataclasses.asdict(c)] for b, c in int8_kernel.CONFIG_TABLE],
+    }
+    log(f"{meta['date_utc']} UTC  {meta['gpu']}  torch {meta['torch']}  triton {meta['triton']}")
+    torch.manual_seed(int(time.time()))  # fresh inputs every run
+    copy = copy_bandwidth(dev)
+    bw = copy["bytes_per_s"]
+    log(f"copy bandwidth {bw / 1e12:.3f} TB/s (read+write)")
+    result: dict = {"meta": meta, "copy_bandwidth": copy}
+    if args.sweep:
+        result["sweep"] = sweep(dev, *SHAPES[0], args.sweep_budget_s)
+    failures: list[str] = []
+    shapes = {"all": SHAPES, "main": SHAPES[:1], "none": []}[args.shapes]
+    result["shapes"] = [run_shape(dev, n, k, bw, args.top1_rows, failures) for n, k in shapes]
+    result["failures"] = failures
+    if args.out:
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out).write_text(json.dumps(result, indent=1))
+
+    log("")
+    log(
+        f"{meta['date_utc']} UTC, {meta['gpu']}, copy {bw / 1e12:.2f} TB/s, "
+        f"triton {meta['triton']}, torch {meta['torch']}"
+    )
+    for sh in result["shapes"]:
+        log(
+            f"N={sh['N']} K={sh['K']}: int8 floor {sh['int8_floor_ms']:.4f} ms, "
+            f"bf16 floor {sh['bf16_floor_ms']:.4f} ms; "
+            f"graph M=39 {sh['graph_M39_replay_ms']:.4f} ms"
+        )
+        log(
+            f"{'M':>4} {'bf16 ms':>8} {'int8 ms':>8} {'speedup':>7} {'floor ms':>8} "
+            f"{'int8/floor':>10} {'rel err':>8} target"
+        )
+        for r in sh["rows"]:
+            tgt = f"x{SPEEDUP_TARGET}" + (f",{r['floor_target']}fl" if r["floor_target"] else "")
+            log(
+                f"{r['M']:>4} {r['bf16_ms']:8.4f} {r['int8_ms']:8.4f} {r['speedup']:7.2f} "
+                f"{r['int8_floor_ms']:8.4f} {r['int8_over_floor']:10.3f} {r['rel_err']:8.1e} "
+                f"{'pass' if r['target_met'] else 'MISS'} ({tgt})"
+            )
+        for name, t in sh["top1"].items():
+            log(
+                f"  top-1 {name}: {t['agreement'] * 100:.2f}% of {t['rows']}, "
+                f"flips outside near-ties {t['disagreements_with_fp32_gap_over_0.125']}, "
+                f"max |int8-bf16| logit {t['max_abs_logit_err_vs_bf16_head']:.4f}"
+            )
+    if failures:
+        log("CORRECTNESS FAILURES:\n  " + "\n  ".join(failures))
+        return 1
+    log("correctness: all checks passed" + (f"; JSON {args.out}" if args.out else ""))
+    finite = all(math.isfinite(r["int8_ms"]) for sh in result["shapes"] for r in sh["rows"])
+    return 0 if finite else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,562 @@
+"""Weight-only int8 lm-head: int8 weights, one fp32 scale per output row, bf16/fp16 activations.
+
+``quantize_rows_int8`` turns a ``(N, K)`` weight into ``(q, scale)`` with
+``w ~= q * scale[:, None]``; ``int8_linear`` computes ``x @ (q * scale[:, None]).T (+ bias)``
+without ever building the dequantised weight.
+
+On CUDA with Triton the product runs in one Triton kernel that streams the int8 weight once,
+converts each tile to bf16 (or fp16) in registers and feeds it to a tensor-core dot with the
+activation rows padded to at least 16; the per-row scale and the bias are applied to the fp32
+accumulator at the end.
+Two variants: ``kind="mmab"`` computes ``x @ W.T`` (weight as the dot's right operand) and
+``kind="mma"`` the transposed ``W @ x.T`` (weight as the left operand). Launch configurations come
+from a fixed table indexed by M (``CONFIG_TABLE``); nothing is autotuned at run time, nothing is
+synchronised with the host, and the only allocation is the output, so the call can be captured in a
+CUDA graph (after one warm-up call has compiled the kernel).
+
+Everything else (CPU tensors, fp32 activations, no Triton) takes a torch path that dequantises the
+weight in row chunks, so it never holds more than ``chunk_bytes`` of fp32 weight at once.
+"""
+
+# Triton types the kernels' parameters (pointers, ints, constexprs); annotations would not help.
+# ruff: noqa: ANN001, ANN202
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from typing import Any
+
+import torch
+
+try:  # Triton is optional: the torch path covers machines without it.
+    import triton
+    import triton.language as tl
+
+    HAS_TRITON = True
+except ImportError:  # pragma: no cover - depends on the environment
+    triton = None
+    tl = None
+    HAS_TRITON = False
+
+__all__ = [
+    "CONFIG_TABLE",
+    "HAS_TRITON",
+    "KernelConfig",
+    "dequantize_rows_int8",
+    "int8_linear",
+    "quantize_rows_int8",
+    "select_config",
+]
+
+_DEFAULT_CHUNK_BYTES = 64 << 20
+
+
+@dataclasses.dataclass(frozen=True)
+class KernelConfig:
+    """One launch configuration of the Triton kernel.
+
+    ``kind`` is ``"mmab"`` (``x @ W.T``) or ``"mma"`` (``W @ x.T``, swapped operands).
+    ``block_m`` rows of x, ``block_n`` weight rows and ``block_k`` columns per step are handled by
+    one program; ``num_warps`` and ``num_stages`` are passed to Triton. ``split_m`` (``mmab`` only,
+    1 to 4) gives each program that many blocks of ``block_m`` rows, all multiplied with one
+    converted weight tile: M up to 64 then runs as up to four 16-row dots (``mma.sync``) instead
+    of one 64-row ``wgmma``, which would need the converted tile written back to shared memory.
+    ``mma_v2`` compiles the kernel with Triton's ``DISABLE_MMA_V3`` switch set, so that a
+    ``block_m`` of 64 runs as warp-level ``mma.sync`` (the int8 tile is loaded into registers in
+    the B-fragment layout and converted there once per warp, for all row blocks) instead of a
+    ``wgmma`` that reads the converted tile back from shared memory.
+    ``asm_cvt`` (bf16 activations only) converts int8 to bf16 with inline PTX (the 2**23
+    magic-number trick: ``prmt`` the byte into an fp32 mantissa, one ``sub.f32``, ``prmt`` the high
+    halves together; no I2F), with a textually distinct copy per row block so that Triton does not
+    merge the conversions of a split program into one shared-memory round trip.
+    """
+
+    kind: str
+    block_m: int
+    block_n: int
+    block_k: int
+    num_warps: int
+    num_stages: int
+    split_m: int = 1
+    mma_v2: bool = False
+    asm_cvt: bool = False
+
+    @property
+    def rows_per_program(self) -> int:
+        return self.block_m * self.split_m
+
+
+# (largest M, config): the first entry whose bound is >= M is used; the last one serves any
+# larger M (its grid covers M in blocks of block_m). Chosen on an H200 with
+# benchmarks/lmhead_bench.py --sweep at N=248320, K=3072 (see benchmarks/NOTES-lmhead.md).
+CONFIG_TABLE: tuple[tuple[int, KernelConfig], ...] = (
+    (16, KernelConfig("mmab", 16, 128, 256, 4, 3)),
+    (32, KernelConfig("mmab", 16, 128, 128, 4, 4, split_m=2)),
+    (48, KernelConfig("mmab", 16, 128, 128, 4, 3, split_m=3)),
+    (1 << 62, KernelConfig("mmab", 64, 128, 128, 4, 3)),
+)
+
+
+def select_config(m: int) -> KernelConfig:
+    """The table's configuration for ``m`` rows of activations."""
+    for bound, cfg in CONFIG_TABLE:
+        if m <= bound:
+            return cfg
+    return CONFIG_TABLE[-1][1]
+
+
+def quantize_rows_int8(
+    weight: torch.Tensor, *, chunk_bytes: int = _DEFAULT_CHUNK_BYTES
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Symmetric per-output-row int8 quantisation of a ``(N, K)`` weight.
+
+    Returns ``(q, scale)``: ``q`` int8 ``(N, K)`` in [-127, 127], ``scale`` fp32 ``(N,)`` equal to
+    the row's absolute maximum / 127, so that ``q * scale[:, None]`` approximates ``weight``. An
+    all-zero row gets scale 0 and q 0. Rows are processed in chunks of at most ``chunk_bytes`` of
+    fp32, so a 1.4 GiB bf16 weight on a GPU needs only one small fp32 buffer besides the result.
+    """
+    if weight.dim() != 2:
+        raise ValueError(f"weight must be 2-D (N, K), got shape {tuple(weight.shape)}")
+    if weight.is_complex() or not weight.is_floating_point():
+        raise TypeError(f"weight must be a real floating-point tensor, got {weight.dtype}")
+    n, k = weight.shape
+    q = torch.empty((n, k), dtype=torch.int8, device=weight.device)
+    scale = torch.zeros((n,), dtype=torch.float32, device=weight.device)
+    if n == 0 or k == 0:
+        q.zero_()
+        return q, scale
+    rows = max(1, chunk_bytes // (k * 4))
+    for r0 in range(0, n, rows):
+        r1 = min(n, r0 + rows)
+        w = weight[r0:r1].to(torch.float32, copy=True)  # the only fp32 buffer: (rows, K)
+        absmax = w.abs().amax(dim=1)
+        inv = torch.where(absmax > 0, 127.0 / absmax, torch.zeros_like(absmax))
+        w.mul_(inv[:, None]).round_().clamp_(-127.0, 127.0)
+        q[r0:r1].copy_(w)
+        scale[r0:r1] = absmax / 127.0
+    return q, scale
+
+
+def dequantize_rows_int8(
+    w_int8: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype = torch.float32
+) -> torch.Tensor:
+    """``w_int8 * scale[:, None]`` in ``dtype`` (a full copy: for tests and references only)."""
+    return (w_int8.to(torch.float64) * scale.to(torch.float64)[:, None]).to(dtype)
+
+
+def _check_args(
+    x: torch.Tensor, w_int8: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None
+) -> tuple[int, int]:
+    if w_int8.dtype != torch.int8 or w_int8.dim() != 2:
+        raise TypeError(
+            f"w_int8 must be a 2-D int8 tensor, got {w_int8.dtype} {tuple(w_int8.shape)}"
+        )
+    n, k = w_int8.shape
+    if x.dim() < 1 or x.shape[-1] != k:
+        raise ValueError(f"x's last dimension must be K={k}, got shape {tuple(x.shape)}")
+    if not x.is_floating_point():
+        raise TypeError(f"x must be floating point, got {x.dtype}")
+    if scale.shape != (n,):
+        raise ValueError(f"scale must have shape ({n},), got {tuple(scale.shape)}")
+    if bias is not None and bias.shape != (n,):
+        raise ValueError(f"bias must have shape ({n},), got {tuple(bias.shape)}")
+    return n, k
+
+
+def int8_linear(
+    x: torch.Tensor,
+    w_int8: torch.Tensor,
+    scale: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    *,
+    out: torch.Tensor | None = None,
+    config: KernelConfig | None = None,
+) -> torch.Tensor:
+    """``x @ (w_int8 * scale[:, None]).T + bias``, dtype ``x.dtype``, shape ``(..., N)``.
+
+    ``out`` (optional) is a ``(M, N)`` tensor of ``x.dtype`` whose last dimension is contiguous,
+    with M the number of rows of ``x`` flattened; it is written and returned reshaped to
+    ``(..., N)``.
+    ``config`` overrides the table (benchmarks only).
+    """
+    n, k = _check_args(x, w_int8, scale, bias)
+    lead = x.shape[:-1]
+    x2 = x.reshape(-1, k)
+    m = x2.shape[0]
+    if out is None:
+        out = torch.empty((m, n), dtype=x.dtype, device=x.device)
+    elif out.shape != (m, n) or out.dtype != x.dtype or (n > 1 and out.stride(1) != 1):
+        raise ValueError("out must be (M, N) of x.dtype with a contiguous last dimension")
+    if m > 0 and n > 0:
+        if _use_triton(x2, w_int8):
+            _triton_int8_linear(x2, w_int8, scale, bias, out, config or select_config(m))
+        else:
+            _torch_int8_linear(x2, w_int8, scale, bias, out)
+    return out.reshape(*lead, n)
+
+
+def _use_triton(x2: torch.Tensor, w_int8: torch.Tensor) -> bool:
+    return (
+        HAS_TRITON
+        and x2.is_cuda
+        and w_int8.device == x2.device
+        and x2.dtype in (torch.bfloat16, torch.float16)
+        and x2.shape[1] > 0
+    )
+
+
+def _torch_int8_linear(
+    x2: torch.Tensor,
+    w_int8: torch.Tensor,
+    scale: torch.Tensor,
+    bias: torch.Tensor | None,
+    out: torch.Tensor,
+    *,
+    chunk_bytes: int = _DEFAULT_CHUNK_BYTES // 2,
+) -> None:
+    """fp32 product over chunks of weight rows, then scale and bias, then cast to out's dtype."""
+    n, k = w_int8.shape
+    xf = x2.to(device=w_int8.device, dtype=torch.float32)
+    rows = max(1, chunk_bytes // max(1, k * 4))
+    for n0 in range(0, n, rows):
+        n1 = min(n, n0 + rows)
+        y = xf @ w_int8[n0:n1].to(torch.float32).T
+        y.mul_(scale[n0:n1].to(device=y.device, dtype=torch.float32))
+        if bias is not None:
+            y.add_(bias[n0:n1].to(device=y.device, dtype=torch.float32))
+        out[:, n0:n1] = y
+
+
+def _triton_int8_linear(
+    x2: torch.Tensor,
+    w_int8: torch.Tensor,
+    scale: torch.Tensor,
+    bias: torch.Tensor | None,
+    out: torch.Tensor,
+    cfg: KernelConfig,
+) -> Any:
+    assert triton is not None
+    m, k = x2.shape
+    n = w_int8.shape[0]
+    if x2.stride(1) != 1:
+        x2 = x2.contiguous()
+    if w_int8.stride(1) != 1:
+        w_int8 = w_int8.contiguous()
+    scale = scale.to(dtype=torch.float32).contiguous()
+    if bias is not None:
+        bias = bias.contiguous()
+    grid = (triton.cdiv(m, cfg.rows_per_program) * triton.cdiv(n, cfg.block_n),)
+    kernel: Any = _int8_mma_kernel if cfg.kind == "mma" else _int8_mmab_kernel
+    extra = (
+        {}
+        if cfg.kind == "mma"
+        else {
+            "SPLIT_M": cfg.split_m,
+            "MMA_V2": cfg.mma_v2,
+            "ASM_CVT": cfg.asm_cvt and x2.dtype == torch.bfloat16,
+        }
+    )
+    # DISABLE_MMA_V3 is read by Triton's compiler (and is part of its disk-cache key); MMA_V2, a
+    # constexpr the kernel ignores, keeps the two compilations apart in the in-memory cache. The
+    # variable is set only around this launch, so other Triton kernels are unaffected.
+    saved = os.environ.get("DISABLE_MMA_V3")
+    if cfg.mma_v2:
+        os.environ["DISABLE_MMA_V3"] = "1"
+    elif saved is not None:
+        del os.environ["DISABLE_MMA_V3"]
+    try:
+        return _launch(kernel, grid, x2, w_int8, scale, bias, out, m, n, k, cfg, extra)
+    finally:
+        if saved is None:
+            os.environ.pop("DISABLE_MMA_V3", None)
+        else:
+            os.environ["DISABLE_MMA_V3"] = saved
+
+
+def _launch(kernel, grid, x2, w_int8, scale, bias, out, m, n, k, cfg, extra):
+    with torch.cuda.device(x2.device):
+        return kernel[grid](
+            x2,
+            w_int8,
+            scale,
+            bias if bias is not None else scale,
+            out,
+            m,
+            n,
+            k,
+            x2.stride(0),
+            w_int8.stride(0),
+            out.stride(0),
+            HAS_BIAS=bias is not None,
+            EVEN_K=k % cfg.block_k == 0,
+            BLOCK_M=cfg.block_m,
+            BLOCK_N=cfg.block_n,
+            BLOCK_K=cfg.block_k,
+            num_warps=cfg.num_warps,
+            num_stages=cfg.num_stages,
+            **extra,
+        )
+
+
+if HAS_TRITON:
+
+    @triton.jit(do_not_specialize=["M"])
+    def _int8_mma_kernel(
+        x_ptr,
+        w_ptr,
+        s_ptr,
+        b_ptr,
+        o_ptr,
+        M,
+        N,
+        K,
+        stride_xm,
+        stride_wn,
+        stride_om,
+        HAS_BIAS: tl.constexpr,
+        EVEN_K: tl.constexpr,
+        BLOCK_M: tl.constexpr,
+        BLOCK_N: tl.constexpr,
+        BLOCK_K: tl.constexpr,
+    ):
+        # acc[BLOCK_N, BLOCK_M] = W[n-block, :] @ x[m-block, :].T; int8 -> x dtype in registers.
+        pid = tl.program_id(0)
+        num_pid_m = tl.cdiv(M, BLOCK_M)
+        pid_m = pid % num_pid_m  # m varies fastest: programs sharing a weight tile run together
+        pid_n = pid // num_pid_m
+        offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+        offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+        offs_k = tl.arange(0, BLOCK_K)
+        # Clamp instead of masking the loads: out-of-range rows re-read a valid row, never stored.
+        rows_n = tl.minimum(offs_n, N - 1).to(tl.int64)
+        rows_m = tl.minimum(offs_m, M - 1).to(tl.int64)
+        w_ptrs = w_ptr + rows_n[:, None] * stride_wn + offs_k[None, :]
+        x_ptrs = x_ptr + rows_m[:, None] * stride_xm + offs_k[None, :]
+        cdtype = x_ptr.dtype.element_ty
+        acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+        for k0 in range(0, K, BLOCK_K):
+            if EVEN_K:
+                w = tl.load(w_ptrs)
+                xv = tl.load(x_ptrs)
+            else:
+                k_ok = offs_k < K - k0
+                w = tl.load(w_ptrs, mask=k_ok[None, :], other=0)
+                xv = tl.load(x_ptrs, mask=k_ok[None, :], other=0.0)
+            acc = tl.dot(w.to(cdtype), tl.trans(xv), acc)
+            w_ptrs += BLOCK_K
+            x_ptrs += BLOCK_K
+        s = tl.load(s_ptr + rows_n)
+        acc = acc * s[:, None]
+        if HAS_BIAS:
+            acc += tl.load(b_ptr + rows_n).to(tl.float32)[:, None]
+        o_ptrs = o_ptr + offs_m[None, :].to(tl.int64) * stride_om + offs_n[:, None]
+        o_mask = (offs_m[None, :] < M) & (offs_n[:, None] < N)
+        tl.store(o_ptrs, acc.to(o_ptr.dtype.element_ty), mask=o_mask)
+
+    @triton.jit(do_not_specialize=["M"])
+    def _int8_mmab_kernel(
+        x_ptr,
+        w_ptr,
+        s_ptr,
+        b_ptr,
+        o_ptr,
+        M,
+        N,
+        K,
+        stride_xm,
+        stride_wn,
+        stride_om,
+        HAS_BIAS: tl.constexpr,
+        EVEN_K: tl.constexpr,
+        BLOCK_M: tl.constexpr,
+        BLOCK_N: tl.constexpr,
+        BLOCK_K: tl.constexpr,
+        SPLIT_M: tl.constexpr,
+        MMA_V2: tl.constexpr,
+        ASM_CVT: tl.constexpr,
+    ):
+        # acc_j[BLOCK_M, BLOCK_N] = x[m-block j, :] @ W[n-block, :].T for j < SPLIT_M; the weight
+        # tile is the dot's right operand, loaded and converted once per step for all j.
+        pid = tl.program_id(0)
+        num_pid_m = tl.cdiv(M, BLOCK_M * SPLIT_M)
+        pid_m = pid % num_pid_m
+        pid_n = pid // num_pid_m
+        offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+        offs_m = pid_m * (BLOCK_M * SPLIT_M) + tl.arange(0, BLOCK_M)
+        offs_k = tl.arange(0, BLOCK_K)
+        rows_n = tl.minimum(offs_n, N - 1).to(tl.int64)
+        w_ptrs = w_ptr + rows_n[None, :] * stride_wn + offs_k[:, None]  # [BLOCK_K, BLOCK_N]
+        x0 = x_ptr + tl.minimum(offs_m, M - 1).to(tl.int64)[:, None] * stride_xm + offs_k[None, :]
+        x1 = x_ptr + tl.minimum(offs_m + BLOCK_M, M - 1).to(tl.int64)[:, None] * stride_xm
+        x2 = x_ptr + tl.minimum(offs_m + 2 * BLOCK_M, M - 1).to(tl.int64)[:, None] * stride_xm
+        x3 = x_ptr + tl.minimum(offs_m + 3 * BLOCK_M, M - 1).to(tl.int64)[:, None] * stride_xm
+        x1 += offs_k[None, :]
+        x2 += offs_k[None, :]
+        x3 += offs_k[None, :]
+        cdtype = x_ptr.dtype.element_ty
+        acc0 = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        acc1 = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        acc2 = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        acc3 = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        for k0 in range(0, K, BLOCK_K):
+            k_ok = offs_k < K - k0
+            if EVEN_K:  # noqa: SIM108 (Triton)
+                wq = tl.load(w_ptrs)
+            else:
+                wq = tl.load(w_ptrs, mask=k_ok[:, None], other=0)
+            if ASM_CVT and EVEN_K:
+                acc0 = tl.dot(tl.load(x0), _cvt0(wq), acc0)
+                if SPLIT_M >= 2:
+                    acc1 = tl.dot(tl.load(x1), _cvt1(wq), acc1)
+                if SPLIT_M >= 3:
+                    acc2 = tl.dot(tl.load(x2), _cvt2(wq), acc2)
+                if SPLIT_M >= 4:
+                    acc3 = tl.dot(tl.load(x3), _cvt3(wq), acc3)
+            elif ASM_CVT:
+                acc0 = tl.dot(tl.load(x0, mask=k_ok[None, :], other=0.0), _cvt0(wq), acc0)
+                if SPLIT_M >= 2:
+                    acc1 = tl.dot(tl.load(x1, mask=k_ok[None, :], other=0.0), _cvt1(wq), acc1)
+                if SPLIT_M >= 3:
+                    acc2 = tl.dot(tl.load(x2, mask=k_ok[None, :], other=0.0), _cvt2(wq), acc2)
+                if SPLIT_M >= 4:
+                    acc3 = tl.dot(tl.load(x3, mask=k_ok[None, :], other=0.0), _cvt3(wq), acc3)
+            elif EVEN_K:
+                wb = wq.to(cdtype)
+                acc0 = tl.dot(tl.load(x0), wb, acc0)
+                if SPLIT_M >= 2:
+                    acc1 = tl.dot(tl.load(x1), wb, acc1)
+                if SPLIT_M >= 3:
+                    acc2 = tl.dot(tl.load(x2), wb, acc2)
+                if SPLIT_M >= 4:
+                    acc3 = tl.dot(tl.load(x3), wb, acc3)
+            else:
+                wb = wq.to(cdtype)
+                acc0 = tl.dot(tl.load(x0, mask=k_ok[None, :], other=0.0), wb, acc0)
+                if SPLIT_M >= 2:
+                    acc1 = tl.dot(tl.load(x1, mask=k_ok[None, :], other=0.0), wb, acc1)
+                if SPLIT_M >= 3:
+                    acc2 = tl.dot(tl.load(x2, mask=k_ok[None, :], other=0.0), wb, acc2)
+                if SPLIT_M >= 4:
+                    acc3 = tl.dot(tl.load(x3, mask=k_ok[None, :], other=0.0), wb, acc3)
+            w_ptrs += BLOCK_K
+            x0 += BLOCK_K
+            x1 += BLOCK_K
+            x2 += BLOCK_K
+            x3 += BLOCK_K
+        s = tl.load(s_ptr + rows_n).to(tl.float32)
+        if HAS_BIAS:
+            b = tl.load(b_ptr + rows_n).to(tl.float32)
+        else:
+            b = tl.zeros((BLOCK_N,), dtype=tl.float32)
+        n_ok = offs_n[None, :] < N
+        o_ptrs = o_ptr + offs_m[:, None].to(tl.int64) * stride_om + offs_n[None, :]
+        out_ty = o_ptr.dtype.element_ty
+        y0 = acc0 * s[None, :] + b[None, :]
+        tl.store(o_ptrs, y0.to(out_ty), mask=(offs_m[:, None] < M) & n_ok)
+        if SPLIT_M >= 2:
+            y1 = acc1 * s[None, :] + b[None, :]
+            m_ok = offs_m[:, None] + BLOCK_M < M
+            tl.store(o_ptrs + BLOCK_M * stride_om, y1.to(out_ty), mask=m_ok & n_ok)
+        if SPLIT_M >= 3:
+            y2 = acc2 * s[None, :] + b[None, :]
+            m_ok = offs_m[:, None] + 2 * BLOCK_M < M
+            tl.store(o_ptrs + 2 * BLOCK_M * stride_om, y2.to(out_ty), mask=m_ok & n_ok)
+        if SPLIT_M >= 4:
+            y3 = acc3 * s[None, :] + b[None, :]
+            m_ok = offs_m[:, None] + 3 * BLOCK_M < M
+            tl.store(o_ptrs + 3 * BLOCK_M * stride_om, y3.to(out_ty), mask=m_ok & n_ok)
+
+
+if HAS_TRITON:
+    # int8 x4 (one b32) -> bf16 x4 (two b32): u = q ^ 0x80 = q + 128; fp32 0x4B0000uu = 2**23 + u;
+    # minus (2**23 + 128) gives q exactly; |q| <= 127 is exact in bf16, so the high half is q.
+    # Four copies differing only in register names, so that CSE keeps one per row block.
+
+    @triton.jit
+    def _cvt0(w):
+        return tl.inline_asm_elementwise(
+            "{.reg .b32 ua, f0a, f1a, f2a, f3a;"
+            "xor.b32 ua, $2, 0x80808080;"
+            "prmt.b32 f0a, ua, 0x4B000000, 0x7650;"
+            "prmt.b32 f1a, ua, 0x4B000000, 0x7651;"
+            "prmt.b32 f2a, ua, 0x4B000000, 0x7652;"
+            "prmt.b32 f3a, ua, 0x4B000000, 0x7653;"
+            "sub.f32 f0a, f0a, 0f4B000080;"
+            "sub.f32 f1a, f1a, 0f4B000080;"
+            "sub.f32 f2a, f2a, 0f4B000080;"
+            "sub.f32 f3a, f3a, 0f4B000080;"
+            "prmt.b32 $0, f0a, f1a, 0x7632;"
+            "prmt.b32 $1, f2a, f3a, 0x7632;}",
+            "=r,=r,r",
+            [w],
+            dtype=tl.bfloat16,
+            is_pure=True,
+            pack=4,
+        )
+
+    @triton.jit
+    def _cvt1(w):
+        return tl.inline_asm_elementwise(
+            "{.reg .b32 ub, f0b, f1b, f2b, f3b;"
+            "xor.b32 ub, $2, 0x80808080;"
+            "prmt.b32 f0b, ub, 0x4B000000, 0x7650;"
+            "prmt.b32 f1b, ub, 0x4B000000, 0x7651;"
+            "prmt.b32 f2b, ub, 0x4B000000, 0x7652;"
+            "prmt.b32 f3b, ub, 0x4B000000, 0x7653;"
+            "sub.f32 f0b, f0b, 0f4B000080;"
+            "sub.f32 f1b, f1b, 0f4B000080;"
+            "sub.f32 f2b, f2b, 0f4B000080;"
+            "sub.f32 f3b, f3b, 0f4B000080;"
+            "prmt.b32 $0, f0b, f1b, 0x7632;"
+            "prmt.b32 $1, f2b, f3b, 0x7632;}",
+            "=r,=r,r",
+            [w],
+            dtype=tl.bfloat16,
+            is_pure=True,
+            pack=4,
+        )
+
+    @triton.jit
+    def _cvt2(w):
+        return tl.inline_asm_elementwise(
+            "{.reg .b32 uc, f0c, f1c, f2c, f3c;"
+            "xor.b32 uc, $2, 0x80808080;"
+            "prmt.b32 f0c, uc, 0x4B000000, 0x7650;"
+            "prmt.b32 f1c, uc, 0x4B000000, 0x7651;"
+            "prmt.b32 f2c, uc, 0x4B000000, 0x7652;"
+            "prmt.b32 f3c, uc, 0x4B000000, 0x7653;"
+            "sub.f32 f0c, f0c, 0f4B000080;"
+            "sub.f32 f1c, f1c, 0f4B000080;"
+            "sub.f32 f2c, f2c, 0f4B000080;"
+            "sub.f32 f3c, f3c, 0f4B000080;"
+            "prmt.b32 $0, f0c, f1c, 0x7632;"
+            "prmt.b32 $1, f2c, f3c, 0x7632;}",
+            "=r,=r,r",
+            [w],
+            dtype=tl.bfloat16,
+            is_pure=True,
+            pack=4,
+        )
+
+    @triton.jit
+    def _cvt3(w):
+        return tl.inline_asm_elementwise(
+            "{.reg .b32 ud, f0d, f1d, f2d, f3d;"
+            "xor.b32 ud, $2, 0x80808080;"
+            "prmt.b32 f0d, ud, 0x4B000000, 0x7650;"
+            "prmt.b32 f1d, ud, 0x4B000000, 0x7651;"
+            "prmt.b32 f2d, ud, 0x4B000000, 0x7652;"
+            "prmt.b32 f3d, ud, 0x4B000000, 0x7653;"
+            "sub.f32 f0d, f0d, 0f4B000080;"
+            "sub.f32 f1d, f1d, 0f4B000080;"
+            "sub.f32 f2d, f2d, 0f4B000080;"
+            "sub.f32 f3d, f3d, 0f4B000080;"
+            "prmt.b32 $0, f0d, f1d, 0x7632;"
+            "prmt.b32 $1, f2d, f3d, 0x7632;}",
+            "=r,=r,r",
+            [w],
+            dtype=tl.bfloat16,
+            is_pure=True,
+            pack=4,
+        )

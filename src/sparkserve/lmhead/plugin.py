@@ -1,0 +1,210 @@
+"""vLLM general plugin: serve the target's lm-head from an int8 copy and free the bf16 weight.
+
+vLLM calls `register()` in every process (API server, engine core, workers) before it loads a
+model. We wrap the model runners' `load_model`: once the target and its drafter are loaded,
+and before vLLM profiles memory for the KV pool, the target's lm-head weight is quantised to
+int8 with one scale per output row, the bf16 weight is released (so the profiler sees the
+memory free and gives it to the KV pool), and the head's matmul is routed through
+`int8_linear`. A drafter that shares the head module (DFlash, MTP) uses the int8 path through
+the same module; a drafter with its own head is left alone.
+
+Never a reason for a server not to start: anything unexpected leaves vLLM as it was and logs
+why. SPARK_KEEP_BF16_LMHEAD=1 keeps the bf16 head. SPARKSERVE_LMHEAD_REPORT=PATH also writes
+what was done as JSON (one file per process that converted a head).
+"""
+
+from __future__ import annotations
+
+import gc
+import json
+import logging
+import os
+import weakref
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from sparkserve.lmhead.int8_kernel import int8_linear, quantize_rows_int8
+
+logger = logging.getLogger("vllm.sparkserve.lmhead")
+
+KEEP_ENV = "SPARK_KEEP_BF16_LMHEAD"
+REPORT_ENV = "SPARKSERVE_LMHEAD_REPORT"
+# Model runners whose load_model we wrap (module, class); absent ones are skipped.
+RUNNERS = (
+    ("vllm.v1.worker.gpu_model_runner", "GPUModelRunner"),
+    ("vllm.v1.worker.gpu.model_runner", "GPUModelRunner"),
+    ("vllm.v1.worker.cpu_model_runner", "CPUModelRunner"),
+)
+_WRAPPED = "_sparkserve_int8_lmhead_wrapped"
+
+
+@dataclass
+class HeadReport:
+    path: str  # "int8", or "bf16" with the reason
+    reason: str = ""
+    shape: list[int] = field(default_factory=list)
+    dtype: str = ""
+    freed_bytes: int = 0
+    int8_bytes: int = 0
+    kernel: str = ""
+    drafter: str = "none"
+    bf16_released: bool = False
+    pid: int = field(default_factory=os.getpid)
+
+
+class Int8HeadMethod:
+    """Stands in for the head's quant method: `apply` runs the int8 product; everything else
+    (there is little else for an untied head) goes to the method it replaced."""
+
+    def __init__(self, replaced: Any) -> None:
+        self.replaced = replaced
+
+    def apply(
+        self, layer: torch.nn.Module, x: torch.Tensor, bias: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        return int8_linear(x, layer.int8_weight, layer.int8_scale, bias)
+
+    def embedding(self, layer: torch.nn.Module, input_: torch.Tensor) -> torch.Tensor:
+        raise RuntimeError("sparkserve int8 lm-head: the head's bf16 weight was freed")
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.replaced, name)
+
+
+def register() -> None:
+    """Entry point (`vllm.general_plugins`): wrap every model runner that exists here."""
+    import importlib
+
+    for module_name, class_name in RUNNERS:
+        try:
+            runner = getattr(importlib.import_module(module_name), class_name)
+        except Exception:  # this vLLM has no such runner, or it cannot import here
+            continue
+        original = runner.load_model
+        if getattr(original, _WRAPPED, False):
+            continue
+        runner.load_model = _wrap_load_model(original)
+
+
+def _wrap_load_model(original: Callable[..., Any]) -> Callable[..., Any]:
+    def load_model(self: Any, *args: Any, **kwargs: Any) -> Any:
+        result = original(self, *args, **kwargs)
+        try:
+            report = convert_runner(self)
+        except Exception as error:  # never stop a server over the head
+            report = HeadReport(path="bf16", reason=f"unexpected {type(error).__name__}: {error}")
+        _log(report)
+        return result
+
+    setattr(load_model, _WRAPPED, True)
+    load_model.__wrapped__ = original  # type: ignore[attr-defined]
+    return load_model
+
+
+def convert_runner(runner: Any) -> HeadReport:
+    """Convert the runner's target head, account for the memory, report what happened."""
+    model = runner.get_model() if hasattr(runner, "get_model") else runner.model
+    drafter = getattr(getattr(runner, "drafter", None), "model", None)
+    report = convert_model(model, drafter)
+    if report.path == "int8" and hasattr(runner, "model_memory_usage"):
+        # The profiler sizes the KV pool from the memory the weights took at load time.
+        runner.model_memory_usage -= report.freed_bytes - report.int8_bytes
+    return report
+
+
+def convert_model(model: torch.nn.Module, drafter: torch.nn.Module | None = None) -> HeadReport:
+    """Quantise `model.lm_head` in place when it is safe; otherwise say why not."""
+    if os.environ.get(KEEP_ENV, "0") == "1":
+        return HeadReport(path="bf16", reason=f"{KEEP_ENV}=1")
+    head = getattr(model, "lm_head", None)
+    if head is None:
+        return HeadReport(path="bf16", reason="the model has no lm_head")
+    if isinstance(head.quant_method, Int8HeadMethod):
+        return HeadReport(path="int8", reason="already converted")
+    weight = getattr(head, "weight", None)
+    if weight is None or weight.dim() != 2 or weight.dtype not in (torch.bfloat16, torch.float16):
+        return HeadReport(path="bf16", reason="the head's weight is not a 2-D bf16/fp16 matrix")
+    if type(head.quant_method).__name__ not in (
+        "UnquantizedEmbeddingMethod",
+        "UnquantizedLinearMethod",
+    ):
+        name = type(head.quant_method).__name__
+        return HeadReport(path="bf16", reason=f"the head is already quantised ({name})")
+    if _is_tied(model, weight):
+        return HeadReport(path="bf16", reason="tied to the input embedding, which still reads it")
+    logits = getattr(model, "logits_processor", None)
+    head_dtype = getattr(logits, "head_dtype", None)
+    if head_dtype is not None and head_dtype != weight.dtype:
+        return HeadReport(path="bf16", reason=f"head_dtype {head_dtype} differs from the weight")
+
+    report = HeadReport(path="int8", shape=list(weight.shape), dtype=str(weight.dtype))
+    report.freed_bytes = weight.numel() * weight.element_size()
+    q, scale = quantize_rows_int8(weight.detach())
+    report.int8_bytes = q.numel() * q.element_size() + scale.numel() * scale.element_size()
+    head.register_buffer("int8_weight", q, persistent=False)
+    head.register_buffer("int8_scale", scale, persistent=False)
+    head.quant_method = Int8HeadMethod(head.quant_method)
+    report.drafter = _drafter_sharing(head, drafter)
+
+    released = weakref.ref(weight.data) if weight.device.type != "meta" else None
+    empty = torch.empty(0, dtype=weight.dtype, device=weight.device)
+    head.weight = torch.nn.Parameter(empty, requires_grad=False)
+    # CPU builds keep a packed copy for their own GEMM in a closure: drop it too.
+    for attribute in ("cpu_linear",):
+        if hasattr(head, attribute):
+            delattr(head, attribute)
+    del weight
+    gc.collect()
+    report.bf16_released = released is None or released() is None
+    if torch.cuda.is_available() and q.is_cuda:
+        torch.cuda.empty_cache()  # hand the freed block back so the profiler counts it free
+        report.kernel = "triton"
+    else:
+        report.kernel = "torch"
+    return report
+
+
+def _is_tied(model: torch.nn.Module, weight: torch.Tensor) -> bool:
+    config = getattr(model, "config", None)
+    if getattr(config, "tie_word_embeddings", False):
+        return True
+    for module in model.modules():
+        if module is getattr(model, "lm_head", None):
+            continue
+        other = getattr(module, "weight", None)
+        embedding = type(module).__name__ == "VocabParallelEmbedding"
+        if embedding and other is not None and other.data_ptr() == weight.data_ptr():
+            return True
+    return False
+
+
+def _drafter_sharing(head: torch.nn.Module, drafter: torch.nn.Module | None) -> str:
+    if drafter is None:
+        return "none"
+    own = getattr(drafter, "lm_head", None)
+    if own is None or own is head:
+        return "shares the target's head (int8)"
+    return "has its own head (left alone)"
+
+
+def _log(report: HeadReport) -> None:
+    if report.path == "int8" and report.reason != "already converted":
+        shape = "x".join(map(str, report.shape))
+        logger.info(
+            "sparkserve int8 lm-head: active (%s, %s kernel); freed %.3f GiB of %s weight "
+            "for %.3f GiB int8 + scales (net %.3f GiB back); drafter: %s",
+            shape, report.kernel, report.freed_bytes / 2**30, report.dtype,
+            report.int8_bytes / 2**30, (report.freed_bytes - report.int8_bytes) / 2**30,
+            report.drafter,
+        )  # fmt: skip
+    elif report.path == "bf16":
+        logger.info("sparkserve int8 lm-head: kept the bf16 head: %s", report.reason)
+    target = os.environ.get(REPORT_ENV)
+    if target and report.reason != "already converted":
+        path = Path(target)
+        path.mkdir(parents=True, exist_ok=True)
+        (path / f"lmhead-{report.pid}.json").write_text(json.dumps(asdict(report)))

