@@ -7,7 +7,7 @@ poisoned output, bias, CUDA-graph capture, top-1 agreement with the bf16 head) a
 ``--out`` (default ``$OUT/lmhead_bench.json``). Exits 1 when a correctness check fails; the speed
 targets are reported, not asserted.
 
-    PYTHONUNBUFFERED=1 python3 benchmarks/lmhead_bench.py [--sweep]
+    PYTHONUNBUFFERED=1 python3 benchmarks/lmhead_bench.py [--sweep [--gluon]]
 """
 
 from __future__ import annotations
@@ -67,6 +67,27 @@ def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
     return float((out.double() - ref).norm() / ref.norm())
 
 
+def gluon_candidates() -> list[KernelConfig]:
+    """Gluon ``mma.sync`` kernel configs (``int8_gluon``): block_n, block_k, warps, k_width."""
+    cands = [c for _, c in int8_kernel.CONFIG_TABLE]
+    for bn, bk, warps, kw, st in (
+        (128, 64, 4, 8, 4),
+        (128, 64, 4, 8, 3),
+        (128, 64, 4, 8, 6),
+        (128, 32, 4, 8, 6),
+        (256, 64, 8, 8, 4),
+        (128, 128, 4, 8, 3),
+        (64, 64, 2, 8, 4),
+        (64, 64, 4, 8, 4),
+        (128, 64, 4, 4, 4),
+        (256, 32, 8, 8, 6),
+    ):
+        cfg = KernelConfig("gluon", 0, bn, bk, warps, st, k_width=kw)
+        if cfg not in cands:
+            cands.append(cfg)
+    return cands
+
+
 def sweep_candidates() -> list[KernelConfig]:
     """mmab configs for M > 16, one list for every swept M (each compiles once; M is not a
     specialisation key). Families: the current table's entries; 16- and 32-row blocks run as several
@@ -89,13 +110,18 @@ SWEEP_MS = [1, 16, 26, 32, 39, 48, 64]
 
 
 def _short(cfg: KernelConfig) -> str:
+    if cfg.kind == "gluon":
+        return (
+            f"gluon bn{cfg.block_n} bk{cfg.block_k} w{cfg.num_warps} kw{cfg.k_width}"
+            f" s{cfg.num_stages}"
+        )
     return (
         f"bm{cfg.block_m} bn{cfg.block_n} bk{cfg.block_k} w{cfg.num_warps} s{cfg.num_stages}"
         f" x{cfg.split_m}{' v2' if cfg.mma_v2 else ''}{' asm' if cfg.asm_cvt else ''}"
     )
 
 
-def sweep(dev: torch.device, n: int, k: int, budget_s: float) -> dict:
+def sweep(dev: torch.device, n: int, k: int, budget_s: float, gluon: bool = False) -> dict:
     w = (torch.randn(n, k, device=dev) * 0.02).to(torch.bfloat16)
     q, s = quantize_rows_int8(w)
     del w
@@ -103,7 +129,7 @@ def sweep(dev: torch.device, n: int, k: int, budget_s: float) -> dict:
     xs = {m: torch.randn(m, k, device=dev, dtype=torch.bfloat16) for m in SWEEP_MS}
     refs = {m: int8_linear(xs[m].float(), q, s) for m in SWEEP_MS}  # torch path, fp32
     results: dict[int, list[tuple[float, KernelConfig, bool]]] = {m: [] for m in SWEEP_MS}
-    for cfg in sweep_candidates():
+    for cfg in gluon_candidates() if gluon else sweep_candidates():
         if time.monotonic() > t_end:
             log(f"sweep: time budget reached before {cfg}")
             break
@@ -294,6 +320,7 @@ def main() -> int:
     ap.add_argument("--out", default=default_out, help="JSON path (default $OUT/lmhead_bench.json)")
     ap.add_argument("--sweep", action="store_true", help="time candidate configs at the main shape")
     ap.add_argument("--sweep-budget-s", type=float, default=200.0)
+    ap.add_argument("--gluon", action="store_true", help="sweep the Gluon kernel's configs")
     ap.add_argument("--top1-rows", type=int, default=4096)
     ap.add_argument("--shapes", default="all", choices=["all", "main", "none"])
     args = ap.parse_args()
@@ -320,7 +347,7 @@ def main() -> int:
     log(f"copy bandwidth {bw / 1e12:.3f} TB/s (read+write)")
     result: dict = {"meta": meta, "copy_bandwidth": copy}
     if args.sweep:
-        result["sweep"] = sweep(dev, *SHAPES[0], args.sweep_budget_s)
+        result["sweep"] = sweep(dev, *SHAPES[0], args.sweep_budget_s, args.gluon)
     failures: list[str] = []
     shapes = {"all": SHAPES, "main": SHAPES[:1], "none": []}[args.shapes]
     result["shapes"] = [run_shape(dev, n, k, bw, args.top1_rows, failures) for n, k in shapes]

@@ -200,6 +200,14 @@ def test_config_table_is_monotone_and_covers_large_m() -> None:
         assert cfg.block_m >= 16 and cfg.block_n >= 16 and cfg.block_k >= 16
 
 
+def test_gluon_config_on_cpu_takes_the_torch_path() -> None:
+    q, scale = quantize_rows_int8(torch.randn(40, 64) * 0.02)
+    x = torch.randn(3, 64).to(torch.bfloat16)
+    cfg = KernelConfig("gluon", 0, 128, 64, 4, 3)
+    out = int8_linear(x, q, scale, config=cfg)
+    assert _rel_err(out, _reference(x, q, scale)) < 1e-2
+
+
 # --- the Triton kernel (CUDA only) ----------------------------------------------------------
 
 cuda_only = pytest.mark.skipif(not CUDA_TRITON, reason="needs CUDA and Triton")
@@ -208,7 +216,7 @@ cuda_only = pytest.mark.skipif(not CUDA_TRITON, reason="needs CUDA and Triton")
 @cuda_only
 @pytest.mark.parametrize(("n", "k"), [(1000, 256), (4099, 3072), (777, 200)])
 @pytest.mark.parametrize("m", [1, 4, 13, 16, 39, 64, 100])
-@pytest.mark.parametrize("kind", ["table", "mma", "mmab", "split3"])
+@pytest.mark.parametrize("kind", ["table", "mma", "mmab", "split3", "gluon"])
 def test_triton_matches_float64(n: int, k: int, m: int, kind: str) -> None:
     dev = torch.device("cuda")
     w = (torch.randn(n, k, device=dev) * 0.02).to(torch.bfloat16)
@@ -220,6 +228,7 @@ def test_triton_matches_float64(n: int, k: int, m: int, kind: str) -> None:
         "mma": KernelConfig("mma", 16, 64, 64, 4, 3),
         "mmab": KernelConfig("mmab", 16, 64, 64, 4, 3),
         "split3": KernelConfig("mmab", 16, 64, 64, 4, 3, split_m=3),
+        "gluon": KernelConfig("gluon", 0, 128, 64, 4, 3),  # falls back where it cannot run
     }[kind]
     buf = torch.full((m + 1, n + 3), float("nan"), device=dev, dtype=torch.bfloat16)
     out = buf[:m, :n]

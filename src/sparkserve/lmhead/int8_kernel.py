@@ -70,6 +70,12 @@ class KernelConfig:
     magic-number trick: ``prmt`` the byte into an fp32 mantissa, one ``sub.f32``, ``prmt`` the high
     halves together; no I2F), with a textually distinct copy per row block so that Triton does not
     merge the conversions of a split program into one shared-memory round trip.
+    ``kind="gluon"`` runs the explicit-layout Gluon kernel of ``int8_gluon`` (``out.T = W @ x.T``
+    with ``mma.sync``, the weight loaded straight into A-fragment registers and converted once for
+    all rows; x through shared memory); it uses ``block_n``, ``block_k``, ``num_warps`` and
+    ``k_width``, and ``num_stages`` as the depth of its copy ring (``block_m`` is M rounded up to
+    a power of two, at least 16; M <= 64 only). Where
+    Gluon is missing or the shape does not fit, the call falls back to ``GLUON_FALLBACK``.
     """
 
     kind: str
@@ -81,6 +87,7 @@ class KernelConfig:
     split_m: int = 1
     mma_v2: bool = False
     asm_cvt: bool = False
+    k_width: int = 8
 
     @property
     def rows_per_program(self) -> int:
@@ -94,6 +101,14 @@ CONFIG_TABLE: tuple[tuple[int, KernelConfig], ...] = (
     (16, KernelConfig("mmab", 16, 128, 256, 4, 3)),
     (32, KernelConfig("mmab", 16, 128, 128, 4, 4, split_m=2)),
     (48, KernelConfig("mmab", 16, 128, 128, 4, 3, split_m=3)),
+    (1 << 62, KernelConfig("mmab", 64, 128, 128, 4, 3)),
+)
+
+
+# Used for a "gluon" entry where the Gluon kernel cannot run (no Gluon, K not a multiple of
+# block_k, M > 64): the Triton mmab kernel.
+GLUON_FALLBACK: tuple[tuple[int, KernelConfig], ...] = (
+    (16, KernelConfig("mmab", 16, 128, 256, 4, 3)),
     (1 << 62, KernelConfig("mmab", 64, 128, 128, 4, 3)),
 )
 
@@ -239,6 +254,15 @@ def _triton_int8_linear(
     assert triton is not None
     m, k = x2.shape
     n = w_int8.shape[0]
+    if cfg.kind == "gluon":
+        from . import int8_gluon
+
+        gcfg = int8_gluon.GluonConfig(
+            cfg.block_n, cfg.block_k, cfg.num_warps, cfg.k_width, cfg.num_stages
+        )
+        if int8_gluon.gluon_supported(x2, w_int8, gcfg):
+            return int8_gluon.gluon_int8_linear(x2, w_int8, scale, bias, out, gcfg)
+        cfg = next(c for b, c in GLUON_FALLBACK if m <= b)
     if x2.stride(1) != 1:
         x2 = x2.contiguous()
     if w_int8.stride(1) != 1:
