@@ -91,6 +91,30 @@ print_dry_run() {
   printf 'exec: vllm serve %s\n' "${VLLM_ARGS[*]@Q}"
 }
 
+# check_guard_record: after the memory guard stopped vLLM it leaves a record on the model-cache
+# volume; refuse to start (exit 3, so compose's on-failure:3 gives up) until GUARD_RESUME=1.
+check_guard_record() {
+  local record="${HF_HOME}/sparkserve/guard-stopped.json"
+  [[ -f "${record}" ]] || return 0
+  if [[ "${GUARD_RESUME}" == 1 ]]; then
+    printf '%s: GUARD_RESUME=1: clearing the memory guard record %s and starting\n' \
+      "${PROG}" "${record}" >&2
+    rm -f -- "${record}"
+    return 0
+  fi
+  printf '%s: the memory guard stopped vLLM last time (%s): %s; fix the cause (docs/MEMORY.md), then start once with GUARD_RESUME=1\n' \
+    "${PROG}" "${record}" "$(tr -d '\n' < "${record}")" >&2
+  exit 3
+}
+
+# start_guard: the memory guard watches this PID, which becomes vLLM's at the exec below.
+start_guard() {
+  [[ "${GUARD}" == 1 ]] || return 0
+  python3 -m sparkserve.guard --pid "$$" --floor-gb "${GUARD_FLOOR_GB}" \
+    --os-reserve-gb "${OS_RESERVE_GB}" --swap-mb-s "${GUARD_SWAP_MB_S}" \
+    --marker "${HF_HOME}/sparkserve/guard-stopped.json" </dev/null >&2 &
+}
+
 # start_vllm: exec vLLM in this process, so `docker stop` (SIGTERM) reaches it directly.
 start_vllm() {
   export_vllm_env
@@ -98,8 +122,10 @@ start_vllm() {
     print_dry_run
     exit 0
   fi
+  check_guard_record
   printf '%s: starting vLLM %s: %s on %s:%s (GPU_MEM %s of %s GiB, prefix cache %s)\n' \
     "${PROG}" "${VLLM_FOUND_VERSION}" "${MODEL}" "${HOST}" "${PORT}" "${GPU_MEM}" \
     "${MEM_TOTAL_GIB}" "${PREFIX_CACHE}" >&2
+  start_guard
   exec vllm serve "${VLLM_ARGS[@]}"
 }

@@ -22,7 +22,13 @@ from sparkserve.patching.cli import run as run_patch
 REPO = Path(__file__).resolve().parents[2]
 
 # Modules that add their own sub-command (see the module docstring).
-COMMAND_MODULES: tuple[str, ...] = ()
+COMMAND_MODULES: tuple[str, ...] = (
+    "sparkserve.stress.cli",
+    "sparkserve.bench.cli",
+    "sparkserve.plan",
+    "sparkserve.guard",
+    "sparkserve.doctor",
+)
 
 
 def _run_patch(args: argparse.Namespace) -> int:

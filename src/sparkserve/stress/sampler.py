@@ -1,0 +1,204 @@
+"""Host memory (and GPU memory where nvidia-smi reports it), sampled at a fixed rate.
+
+Host figures come from /proc/meminfo and /proc/vmstat: MemAvailable, used (as `free` counts
+it: total - free - buffers - cache), swap used, and the swap-in/out rates from the pswpin /
+pswpout page counters. nvidia-smi is slow (tens of ms a call), so it runs in its own thread
+at most once a second; on a DGX Spark it usually says [N/A] for memory.used, and then the
+per-process figures are summed instead.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import subprocess
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+GIB = 1024**3
+MIB = 1024**2
+PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
+
+
+@dataclass
+class Sample:
+    t: float  # seconds since the sampler started
+    mem_available_gib: float
+    mem_used_gib: float
+    swap_used_gib: float
+    swap_in_mib_s: float
+    swap_out_mib_s: float
+    gpu_used_gib: float | None = None
+    kv_usage: float | None = None  # vllm:kv_cache_usage_perc (0..1), last seen
+    phase: str = ""
+
+    def row(self) -> dict[str, object]:
+        return asdict(self)
+
+
+def read_meminfo(path: Path = Path("/proc/meminfo")) -> dict[str, int]:
+    """/proc/meminfo in bytes."""
+    out: dict[str, int] = {}
+    for line in path.read_text().splitlines():
+        key, _, rest = line.partition(":")
+        parts = rest.split()
+        if parts:
+            scale = 1024 if len(parts) > 1 and parts[1] == "kB" else 1
+            out[key.strip()] = int(parts[0]) * scale
+    return out
+
+
+def read_vmstat(path: Path = Path("/proc/vmstat")) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for line in path.read_text().splitlines():
+        key, _, value = line.partition(" ")
+        if key in ("pswpin", "pswpout"):
+            out[key] = int(value)
+    return out
+
+
+def host_figures(info: dict[str, int]) -> tuple[float, float, float, float]:
+    """(total, available, used, swap used) in GiB from a meminfo dict."""
+    total = info.get("MemTotal", 0)
+    cache = info.get("Cached", 0) + info.get("SReclaimable", 0)
+    used = total - info.get("MemFree", 0) - info.get("Buffers", 0) - cache
+    available = info.get("MemAvailable", info.get("MemFree", 0))
+    swap = info.get("SwapTotal", 0) - info.get("SwapFree", 0)
+    return total / GIB, available / GIB, max(used, 0) / GIB, max(swap, 0) / GIB
+
+
+def gpu_used_gib(nvidia_smi: str) -> float | None:
+    """GPU memory in use per nvidia-smi: the device figure, else the per-process sum."""
+    queries = (
+        ["--query-gpu=memory.used", "--format=csv,noheader,nounits"],
+        ["--query-compute-apps=used_memory", "--format=csv,noheader,nounits"],
+    )
+    for query in queries:
+        try:
+            done = subprocess.run(
+                [nvidia_smi, *query], capture_output=True, text=True, timeout=5, check=False
+            )
+        except (OSError, subprocess.TimeoutExpired):
+            return None
+        values = []
+        for line in done.stdout.splitlines():
+            with contextlib.suppress(ValueError):
+                values.append(float(line.strip()))
+        if done.returncode == 0 and values:
+            return sum(values) * MIB / GIB
+    return None
+
+
+class MemorySampler:
+    """Samples on a background thread at `hz`; `phase()` tags what follows."""
+
+    def __init__(
+        self,
+        hz: float = 10.0,
+        *,
+        nvidia_smi: str | None = "auto",
+        kv_probe: Callable[[], float | None] | None = None,
+        meminfo: Path = Path("/proc/meminfo"),
+        vmstat: Path = Path("/proc/vmstat"),
+    ) -> None:
+        if hz <= 0:
+            raise ValueError(f"sample rate {hz!r}: must be above 0")
+        self.hz = hz
+        self.meminfo = meminfo
+        self.vmstat = vmstat
+        self.samples: list[Sample] = []
+        self.total_gib = host_figures(read_meminfo(meminfo))[0]
+        self.swap_total_gib = read_meminfo(meminfo).get("SwapTotal", 0) / GIB
+        smi = shutil.which("nvidia-smi") if nvidia_smi == "auto" else nvidia_smi
+        self.nvidia_smi = smi or None
+        self.gpu_note = "" if self.nvidia_smi else "nvidia-smi not found"
+        self._gpu: float | None = None
+        self._kv: float | None = None
+        self._kv_probe = kv_probe
+        self._phase = ""
+        self._stop = threading.Event()
+        self._lock = threading.Lock()
+        self._threads: list[threading.Thread] = []
+        self.t0 = 0.0
+
+    def phase(self, name: str) -> None:
+        self._phase = name
+
+    def now(self) -> float:
+        return time.monotonic() - self.t0
+
+    def start(self) -> MemorySampler:
+        self.t0 = time.monotonic()
+        self._threads = [threading.Thread(target=self._host_loop, daemon=True, name="mem")]
+        if self.nvidia_smi:
+            self._threads.append(threading.Thread(target=self._gpu_loop, daemon=True))
+        if self._kv_probe is not None:
+            self._threads.append(threading.Thread(target=self._kv_loop, daemon=True))
+        for thread in self._threads:
+            thread.start()
+        return self
+
+    def stop(self) -> list[Sample]:
+        self._stop.set()
+        for thread in self._threads:
+            thread.join(timeout=6)
+        with self._lock:
+            return list(self.samples)
+
+    def snapshot(self) -> list[Sample]:
+        with self._lock:
+            return list(self.samples)
+
+    def _host_loop(self) -> None:
+        period = 1.0 / self.hz
+        prev = read_vmstat(self.vmstat)
+        prev_t = time.monotonic()
+        tick = self.t0
+        while not self._stop.is_set():
+            now = time.monotonic()
+            info = read_meminfo(self.meminfo)
+            vm = read_vmstat(self.vmstat)
+            dt = max(now - prev_t, 1e-6)
+            _, available, used, swap = host_figures(info)
+            rate_in = (vm.get("pswpin", 0) - prev.get("pswpin", 0)) * PAGE / MIB / dt
+            rate_out = (vm.get("pswpout", 0) - prev.get("pswpout", 0)) * PAGE / MIB / dt
+            prev, prev_t = vm, now
+            sample = Sample(
+                t=round(now - self.t0, 4),
+                mem_available_gib=available,
+                mem_used_gib=used,
+                swap_used_gib=swap,
+                swap_in_mib_s=rate_in if self.samples else 0.0,
+                swap_out_mib_s=rate_out if self.samples else 0.0,
+                gpu_used_gib=self._gpu,
+                kv_usage=self._kv,
+                phase=self._phase,
+            )
+            with self._lock:
+                self.samples.append(sample)
+            # Keep to the schedule (no drift); skip ticks already missed.
+            tick += period
+            late = time.monotonic() - tick
+            if late > 0:
+                tick += period * (late // period + 1)
+            self._stop.wait(max(tick - time.monotonic(), 0.0))
+
+    def _gpu_loop(self) -> None:
+        assert self.nvidia_smi is not None
+        while not self._stop.is_set():
+            value = gpu_used_gib(self.nvidia_smi)
+            if value is None and self._gpu is None:
+                self.gpu_note = "nvidia-smi reports no memory figure"
+            self._gpu = value
+            self._stop.wait(1.0)
+
+    def _kv_loop(self) -> None:
+        assert self._kv_probe is not None
+        while not self._stop.is_set():
+            with contextlib.suppress(Exception):
+                self._kv = self._kv_probe()
+            self._stop.wait(0.5)

