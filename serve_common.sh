@@ -88,6 +88,10 @@ print_dry_run() {
       printf 'env: %s=<hidden>\n' "${name}"
     fi
   done
+  if [[ "${GUARD}" == 1 ]]; then
+    guard_command
+    printf 'guard: %s\n' "${GUARD_ARGS[*]@Q}"
+  fi
   printf 'exec: vllm serve %s\n' "${VLLM_ARGS[*]@Q}"
 }
 
@@ -107,12 +111,19 @@ check_guard_record() {
   exit 3
 }
 
-# start_guard: the memory guard watches this PID, which becomes vLLM's at the exec below.
+# guard_command: the memory guard's command line, into GUARD_ARGS. It watches this PID,
+# which becomes vLLM's at the exec in start_vllm.
+guard_command() {
+  GUARD_ARGS=(python3 -m sparkserve.guard --pid "$$" --floor-gb "${GUARD_FLOOR_GB}"
+    --os-reserve-gb "${OS_RESERVE_GB}" --swap-mb-s "${GUARD_SWAP_MB_S}"
+    --marker "${HF_HOME}/sparkserve/guard-stopped.json")
+}
+
+# start_guard: the memory guard, in the background, next to the vLLM we are about to become.
 start_guard() {
   [[ "${GUARD}" == 1 ]] || return 0
-  python3 -m sparkserve.guard --pid "$$" --floor-gb "${GUARD_FLOOR_GB}" \
-    --os-reserve-gb "${OS_RESERVE_GB}" --swap-mb-s "${GUARD_SWAP_MB_S}" \
-    --marker "${HF_HOME}/sparkserve/guard-stopped.json" </dev/null >&2 &
+  guard_command
+  "${GUARD_ARGS[@]}" </dev/null >&2 &
 }
 
 # start_vllm: exec vLLM in this process, so `docker stop` (SIGTERM) reaches it directly.
