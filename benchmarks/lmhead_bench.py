@@ -68,21 +68,25 @@ def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
 
 
 def gluon_candidates() -> list[KernelConfig]:
-    """Gluon ``mma.sync`` kernel configs (``int8_gluon``): block_n, block_k, warps, k_width."""
+    """Gluon ``mma.sync`` kernel configs (``int8_gluon``, version 3: the ring's tiles are read in
+    ``k_slice``-column slices): block_n, block_k, warps, stages, k_slice, warps_m, split_cols.
+    The K=3072 step count (3072 / block_k) must be a multiple of the stages. The table's and the
+    Triton fallback table's configs come first, for comparison in the same call."""
     cands = [c for _, c in int8_kernel.CONFIG_TABLE]
-    for bn, bk, warps, kw, st in (
-        (128, 64, 4, 8, 4),
-        (128, 64, 4, 8, 3),
-        (128, 64, 4, 8, 6),
-        (128, 32, 4, 8, 6),
-        (256, 64, 8, 8, 4),
-        (128, 128, 4, 8, 3),
-        (64, 64, 2, 8, 4),
-        (64, 64, 4, 8, 4),
-        (128, 64, 4, 4, 4),
-        (256, 32, 8, 8, 6),
+    cands += [c for _, c in int8_kernel.GLUON_FALLBACK if c not in cands]
+    # session 4, call 1 also swept k_slice 32 (block_k 128/256, 3 to 6 stages, 4 or 8 warps,
+    # block_n 256, warps_m 2): slower everywhere, see benchmarks/NOTES-lmhead.md
+    for bn, bk, warps, st, ks, wm, sc in (
+        (128, 128, 4, 3, 128, 1, True),
+        (128, 128, 4, 4, 128, 1, True),
+        (128, 256, 4, 3, 128, 1, True),
+        (128, 128, 4, 3, 64, 1, True),
+        (128, 128, 4, 4, 64, 1, True),
+        (128, 128, 4, 3, 128, 1, False),
     ):
-        cfg = KernelConfig("gluon", 0, bn, bk, warps, st, k_width=kw)
+        cfg = KernelConfig(
+            "gluon", 0, bn, bk, warps, st, k_width=8, k_slice=ks, warps_m=wm, split_cols=sc
+        )
         if cfg not in cands:
             cands.append(cfg)
     return cands
@@ -112,8 +116,8 @@ SWEEP_MS = [1, 16, 26, 32, 39, 48, 64]
 def _short(cfg: KernelConfig) -> str:
     if cfg.kind == "gluon":
         return (
-            f"gluon bn{cfg.block_n} bk{cfg.block_k} w{cfg.num_warps} kw{cfg.k_width}"
-            f" s{cfg.num_stages}"
+            f"gluon bn{cfg.block_n} bk{cfg.block_k} w{cfg.num_warps} s{cfg.num_stages}"
+            f" ks{cfg.k_slice} wm{cfg.warps_m}{' split' if cfg.split_cols else ''}"
         )
     return (
         f"bm{cfg.block_m} bn{cfg.block_n} bk{cfg.block_k} w{cfg.num_warps} s{cfg.num_stages}"
@@ -136,7 +140,7 @@ def sweep(dev: torch.device, n: int, k: int, budget_s: float, gluon: bool = Fals
         try:
             for m in SWEEP_MS:
                 x = xs[m]
-                out = torch.empty((m, n), device=dev, dtype=torch.bfloat16)
+                out = torch.full((m, n), float("nan"), device=dev, dtype=torch.bfloat16)
                 ck = int8_kernel._triton_int8_linear(x, q, s, None, out, cfg)
                 wg = "wgmma" in str(getattr(ck, "asm", {}).get("ptx", ""))
                 if (out.float() - refs[m]).abs().max().item() > 0.05 or out.isnan().any().item():

@@ -196,8 +196,9 @@ def test_config_table_is_monotone_and_covers_large_m() -> None:
     assert bounds == sorted(bounds)
     for m in (1, 13, 39, 64, 65, 4096):
         cfg = select_config(m)
-        assert cfg.kind in ("mma", "mmab")
-        assert cfg.block_m >= 16 and cfg.block_n >= 16 and cfg.block_k >= 16
+        assert cfg.kind in ("mma", "mmab", "gluon")
+        assert cfg.block_m >= 16 or cfg.kind == "gluon"
+        assert cfg.block_n >= 16 and cfg.block_k >= 16
 
 
 def test_gluon_config_on_cpu_takes_the_torch_path() -> None:
@@ -254,3 +255,15 @@ def test_triton_in_cuda_graph() -> None:
     torch.cuda.synchronize()
     assert _rel_err(captured, _reference(x, q, scale)) < 1e-2
     assert not torch.equal(captured, eager)
+
+
+def test_a_failing_gluon_kernel_switches_to_triton_for_good(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setattr(int8_kernel, "_GLUON_FAILED", False)
+    with caplog.at_level("WARNING", logger="vllm.sparkserve.lmhead"):
+        int8_kernel._gluon_failed(RuntimeError("unknown layout\nsecond line"))
+    assert int8_kernel._GLUON_FAILED
+    assert "Gluon kernel failed (RuntimeError: unknown layout); using the Triton kernel" in (
+        caplog.text
+    )

@@ -3,10 +3,13 @@
 It computes ``out.T = W @ x.T`` with warp-level ``mma.sync`` (m16n8k16): the int8 weight is the
 A operand, converted to bf16/fp16 once in registers and used for every 8-column block of ``x.T``.
 Both the int8 weight tile and the x tile stream through a ``stages``-deep ``cp.async`` ring in
-shared memory (16-byte copies); each k-step reads the weight tile into A-fragment registers and
-the x tile into B-fragment registers. The warps split the program's ``block_n`` weight rows, so
-each weight byte is read and converted by exactly one thread. Per-row scale and bias are applied
-to the fp32 accumulator at the end.
+shared memory (16-byte copies). A ring slot holds one ``block_k`` step as ``block_k / k_slice``
+separate slices of ``k_slice`` columns; an inner (unrolled) loop reads one slice of each operand
+into fragment registers at a time, so the registers hold one slice, not the whole step (version 3;
+``k_slice == block_k`` is version 2). The warps split the program's ``block_n`` weight rows
+(``warps_m > 1`` also splits the x columns). With ``split_cols`` the x columns run as two
+accumulators, a power of two plus 8 or 16 (M=39 as 32 + 8 instead of 64). Per-row scale and bias
+are applied to the fp32 accumulator at the end.
 
 Needs ``triton.experimental.gluon`` (Triton >= 3.6); ``HAS_GLUON`` says whether it imported.
 """
@@ -40,19 +43,39 @@ __all__ = ["HAS_GLUON", "GluonConfig", "gluon_int8_linear", "gluon_supported"]
 
 @dataclasses.dataclass(frozen=True)
 class GluonConfig:
-    """``block_n`` weight rows per program (split over ``num_warps`` warps along N), ``block_k``
-    columns per step; ``k_width`` is the dot-operand ``k_width`` (consecutive K elements a thread
-    holds per fragment; 2 is the native bf16 fragment, 4 or 8 give wider weight loads)."""
+    """``block_n`` weight rows per program (split over the warps along N), ``block_k`` columns per
+    pipeline step, read in ``k_slice``-column slices; ``k_width`` is the dot-operand ``k_width``
+    (consecutive K elements a thread holds per fragment); ``stages`` is the copy ring's depth;
+    ``warps_m`` warps split the x columns (the rest split N); ``split_cols`` runs M as two
+    accumulators (power of two + 8 or 16)."""
 
     block_n: int = 128
-    block_k: int = 64
+    block_k: int = 128
     num_warps: int = 4
     k_width: int = 8
     stages: int = 4
+    k_slice: int = 32
+    warps_m: int = 1
+    split_cols: bool = False
 
 
 def _next_pow2(v: int) -> int:
     return 1 << max(0, (v - 1).bit_length())
+
+
+def column_blocks(m: int, cfg: GluonConfig) -> tuple[int, int]:
+    """(BLOCK_M, BLOCK_M2): the x columns of the main and the second accumulator."""
+    full = max(16, _next_pow2(m))
+    if not cfg.split_cols or cfg.warps_m != 1:
+        return full, 0
+    bm = max(16, 1 << (m.bit_length() - 1))
+    rem = m - bm
+    if rem <= 0:
+        return bm, 0
+    bm2 = max(8, _next_pow2(rem))
+    if bm + bm2 >= full:
+        return full, 0
+    return bm, bm2
 
 
 def gluon_supported(x2: torch.Tensor, w_int8: torch.Tensor, cfg: GluonConfig) -> bool:
@@ -62,9 +85,32 @@ def gluon_supported(x2: torch.Tensor, w_int8: torch.Tensor, cfg: GluonConfig) ->
         and x2.is_cuda
         and x2.dtype in (torch.bfloat16, torch.float16)
         and k % cfg.block_k == 0
-        and k >= cfg.block_k * cfg.stages
-        and cfg.block_k >= 32
-        and x2.shape[0] <= 64
+        and (k // cfg.block_k) % cfg.stages == 0
+        and _layout_ok(x2.shape[0], cfg)
+    )
+
+
+def _layout_ok(m: int, cfg: GluonConfig) -> bool:
+    """Shapes for which every layout covers its tile without replication (copies, mma)."""
+    ks = cfg.k_slice
+    if not (1 <= m <= 64 and ks in (32, 64, 128) and cfg.block_k % ks == 0):
+        return False
+    if cfg.num_warps % cfg.warps_m:
+        return False
+    nks = cfg.block_k // ks
+    w0 = min(cfg.num_warps, nks)
+    w1 = cfg.num_warps // w0
+    bm, bm2 = column_blocks(m, cfg)
+    x_rows = 32 // (ks // 8) * w1  # rows one pass of the x copy layout covers
+    w_rows = 32 // (ks // 16) * w1
+    return (
+        nks % w0 == 0
+        and cfg.num_warps % w0 == 0
+        and bm >= x_rows
+        and (bm2 == 0 or bm2 >= x_rows)
+        and cfg.block_n % w_rows == 0
+        and cfg.block_n % (16 * (cfg.num_warps // cfg.warps_m)) == 0
+        and bm % (8 * cfg.warps_m) == 0
     )
 
 
@@ -85,8 +131,10 @@ def gluon_int8_linear(
     scale = scale.to(dtype=torch.float32).contiguous()
     if bias is not None:
         bias = bias.contiguous()
-    block_m = max(16, _next_pow2(m))
-    xt_k = min(32, cfg.block_k // 8)
+    block_m, block_m2 = column_blocks(m, cfg)
+    ks = cfg.k_slice
+    nks = cfg.block_k // ks
+    w0 = min(cfg.num_warps, nks)
     grid = ((n + cfg.block_n - 1) // cfg.block_n,)
     with torch.cuda.device(x2.device):
         return _int8_gluon_kernel[grid](
@@ -104,13 +152,15 @@ def gluon_int8_linear(
             HAS_BIAS=bias is not None,
             BLOCK_N=cfg.block_n,
             BLOCK_M=block_m,
+            BLOCK_M2=block_m2,
             BLOCK_K=cfg.block_k,
+            KS=ks,
+            NKS=nks,
             KW=cfg.k_width,
-            XT_K=xt_k,
-            XT_M=32 // xt_k,
-            SWZ=min(8, cfg.block_k // 8),
+            W0=w0,
+            W1=cfg.num_warps // w0,
             NW=cfg.num_warps,
-            WT_K=min(32, cfg.block_k // 16),
+            WM=cfg.warps_m,
             STAGES=cfg.stages,
             num_warps=cfg.num_warps,
         )
@@ -134,71 +184,143 @@ if HAS_GLUON:
         HAS_BIAS: gl.constexpr,
         BLOCK_N: gl.constexpr,
         BLOCK_M: gl.constexpr,
+        BLOCK_M2: gl.constexpr,
         BLOCK_K: gl.constexpr,
+        KS: gl.constexpr,
+        NKS: gl.constexpr,
         KW: gl.constexpr,
-        XT_K: gl.constexpr,
-        XT_M: gl.constexpr,
-        SWZ: gl.constexpr,
+        W0: gl.constexpr,
+        W1: gl.constexpr,
         NW: gl.constexpr,
-        WT_K: gl.constexpr,
+        WM: gl.constexpr,
         STAGES: gl.constexpr,
     ):
         mma: gl.constexpr = gl.NVMMADistributedLayout(
-            version=[2, 0], warps_per_cta=[NW, 1], instr_shape=[16, 8]
+            version=[2, 0], warps_per_cta=[NW // WM, WM], instr_shape=[16, 8]
         )
         a_l: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma, k_width=KW)
         b_l: gl.constexpr = gl.DotOperandLayout(operand_index=1, parent=mma, k_width=KW)
-        x_l: gl.constexpr = gl.BlockedLayout(
-            size_per_thread=[1, 8],
-            threads_per_warp=[XT_M, XT_K],
-            warps_per_cta=[NW, 1],
-            order=[1, 0],
+        # copy layouts: [slice, row, column-in-slice], 16 bytes per thread
+        x_cl: gl.constexpr = gl.BlockedLayout(
+            size_per_thread=[1, 1, 8],
+            threads_per_warp=[1, 32 // (KS // 8), KS // 8],
+            warps_per_cta=[W0, W1, 1],
+            order=[2, 1, 0],
         )
-        s_l: gl.constexpr = gl.SwizzledSharedLayout(vec=8, per_phase=1, max_phase=SWZ, order=[1, 0])
         w_cl: gl.constexpr = gl.BlockedLayout(
-            size_per_thread=[1, 16],
-            threads_per_warp=[32 // WT_K, WT_K],
-            warps_per_cta=[NW, 1],
-            order=[1, 0],
+            size_per_thread=[1, 1, 16],
+            threads_per_warp=[1, 32 // (KS // 16), KS // 16],
+            warps_per_cta=[W0, W1, 1],
+            order=[2, 1, 0],
+        )
+        # shared tiles [STAGES, NKS, rows, KS], swizzled within each slice: written through a
+        # 3-D layout (one copy per step), read as [STAGES * NKS, rows, KS] with a 2-D layout
+        x_sl: gl.constexpr = gl.SwizzledSharedLayout(
+            vec=8, per_phase=max(1, 128 // (KS * 2)), max_phase=KS // 8, order=[2, 1, 0]
         )
         w_sl: gl.constexpr = gl.SwizzledSharedLayout(
-            vec=16, per_phase=1, max_phase=WT_K, order=[1, 0]
+            vec=16, per_phase=max(1, 128 // KS), max_phase=KS // 16, order=[2, 1, 0]
+        )
+        x_sl2: gl.constexpr = gl.SwizzledSharedLayout(
+            vec=8, per_phase=max(1, 128 // (KS * 2)), max_phase=KS // 8, order=[1, 0]
+        )
+        w_sl2: gl.constexpr = gl.SwizzledSharedLayout(
+            vec=16, per_phase=max(1, 128 // KS), max_phase=KS // 16, order=[1, 0]
         )
         cdtype: gl.constexpr = x_ptr.dtype.element_ty
 
         pid = gl.program_id(0)
-        offs_wn = pid * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, w_cl))
-        offs_wk = gl.arange(0, BLOCK_K, layout=gl.SliceLayout(0, w_cl))
-        rows_w = gl.minimum(offs_wn, N - 1).to(gl.int64)
-        w_ptrs = w_ptr + gl.expand_dims(rows_w * stride_wn, 1) + gl.expand_dims(offs_wk, 0)
-        offs_xm = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, x_l))
-        offs_xk = gl.arange(0, BLOCK_K, layout=gl.SliceLayout(0, x_l))
-        rows_m = gl.minimum(offs_xm, M - 1).to(gl.int64)
-        x_ptrs = x_ptr + gl.expand_dims(rows_m * stride_xm, 1) + gl.expand_dims(offs_xk, 0)
-        x_sm = gl.allocate_shared_memory(cdtype, [STAGES, BLOCK_M, BLOCK_K], s_l)
+        # weight pointers [NKS, BLOCK_N, KS]
+        w_s = gl.arange(0, NKS, layout=gl.SliceLayout(1, gl.SliceLayout(2, w_cl)))
+        w_r = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, gl.SliceLayout(2, w_cl)))
+        w_c = gl.arange(0, KS, layout=gl.SliceLayout(0, gl.SliceLayout(1, w_cl)))
+        rows_w = gl.minimum(pid * BLOCK_N + w_r, N - 1).to(gl.int64) * stride_wn
+        w_ptrs = (
+            w_ptr
+            + gl.expand_dims(gl.expand_dims(w_s * KS, 1), 2)
+            + gl.expand_dims(gl.expand_dims(rows_w, 0), 2)
+            + gl.expand_dims(gl.expand_dims(w_c, 0), 1)
+        )
+        # x pointers [NKS, BLOCK_M, KS] (and [NKS, BLOCK_M2, KS] for the second block)
+        x_s = gl.arange(0, NKS, layout=gl.SliceLayout(1, gl.SliceLayout(2, x_cl)))
+        x_c = gl.arange(0, KS, layout=gl.SliceLayout(0, gl.SliceLayout(1, x_cl)))
+        x_r = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, gl.SliceLayout(2, x_cl)))
+        rows_x = gl.minimum(x_r, M - 1).to(gl.int64) * stride_xm
+        x_sc = gl.expand_dims(gl.expand_dims(x_s * KS, 1), 2) + gl.expand_dims(
+            gl.expand_dims(x_c, 0), 1
+        )
+        x_ptrs = x_ptr + x_sc + gl.expand_dims(gl.expand_dims(rows_x, 0), 2)
+        x_sm = gl.allocate_shared_memory(cdtype, [STAGES, NKS, BLOCK_M, KS], x_sl)
+        w_sm = gl.allocate_shared_memory(gl.int8, [STAGES, NKS, BLOCK_N, KS], w_sl)
+        x_v = x_sm._reinterpret(cdtype, [STAGES * NKS, BLOCK_M, KS], x_sl2)
+        w_v = w_sm._reinterpret(gl.int8, [STAGES * NKS, BLOCK_N, KS], w_sl2)
+        if BLOCK_M2 > 0:
+            x2_r = gl.arange(0, BLOCK_M2, layout=gl.SliceLayout(0, gl.SliceLayout(2, x_cl)))
+            rows_x2 = gl.minimum(x2_r + BLOCK_M, M - 1).to(gl.int64) * stride_xm
+            x2_ptrs = x_ptr + x_sc + gl.expand_dims(gl.expand_dims(rows_x2, 0), 2)
+            x2_sm = gl.allocate_shared_memory(cdtype, [STAGES, NKS, BLOCK_M2, KS], x_sl)
+            x2_v = x2_sm._reinterpret(cdtype, [STAGES * NKS, BLOCK_M2, KS], x_sl2)
 
-        w_sm = gl.allocate_shared_memory(gl.int8, [STAGES, BLOCK_N, BLOCK_K], w_sl)
-        nk = K // BLOCK_K
+        nk = K // BLOCK_K  # a multiple of STAGES: the ring's slot of every step is static
         for st in gl.static_range(STAGES - 1):  # prologue: tiles 0 .. STAGES-2 in flight
             async_copy.async_copy_global_to_shared(w_sm.index(st), w_ptrs + st * BLOCK_K)
             async_copy.async_copy_global_to_shared(x_sm.index(st), x_ptrs + st * BLOCK_K)
+            if BLOCK_M2 > 0:
+                async_copy.async_copy_global_to_shared(x2_sm.index(st), x2_ptrs + st * BLOCK_K)
             async_copy.commit_group()
         acc = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, mma)
-        for i in range(nk):
-            async_copy.wait_group(STAGES - 2)  # tile i has landed (this thread's copies)
-            _barrier()  # ... everyone's, and every warp is done with tile i-1's slot
-            slot = i % STAGES
-            w = w_sm.index(slot).load(a_l)
-            xb = x_sm.index(slot).permute([1, 0]).load(b_l)
-            # refill the slot of tile i-1 with tile i+STAGES-1 (clamped: a re-copy at the end)
-            j = gl.minimum(i + STAGES - 1, nk - 1)
-            nslot = (i + STAGES - 1) % STAGES
-            async_copy.async_copy_global_to_shared(w_sm.index(nslot), w_ptrs + j * BLOCK_K)
-            async_copy.async_copy_global_to_shared(x_sm.index(nslot), x_ptrs + j * BLOCK_K)
-            async_copy.commit_group()
-            acc = mma_v2(w.to(cdtype), xb, acc)
+        if BLOCK_M2 > 0:
+            acc2 = gl.zeros([BLOCK_N, BLOCK_M2], gl.float32, mma)
+        for i0 in range(0, nk, STAGES):
+            for st in gl.static_range(STAGES):
+                async_copy.wait_group(STAGES - 2)  # tile i0+st has landed (this thread's copies)
+                _barrier()  # ... everyone's, and every warp is done with the previous slot
+                # refill the previous tile's slot with tile i0+st+STAGES-1 (clamped at the end)
+                j = gl.minimum(i0 + st + STAGES - 1, nk - 1)
+                async_copy.async_copy_global_to_shared(
+                    w_sm.index((st + STAGES - 1) % STAGES), w_ptrs + j * BLOCK_K
+                )
+                async_copy.async_copy_global_to_shared(
+                    x_sm.index((st + STAGES - 1) % STAGES), x_ptrs + j * BLOCK_K
+                )
+                if BLOCK_M2 > 0:
+                    async_copy.async_copy_global_to_shared(
+                        x2_sm.index((st + STAGES - 1) % STAGES), x2_ptrs + j * BLOCK_K
+                    )
+                async_copy.commit_group()
+                for kk in gl.static_range(NKS):
+                    a = w_v.index(st * NKS + kk).load(a_l).to(cdtype)
+                    xb = x_v.index(st * NKS + kk).permute([1, 0]).load(b_l)
+                    acc = mma_v2(a, xb, acc)
+                    if BLOCK_M2 > 0:
+                        xb2 = x2_v.index(st * NKS + kk).permute([1, 0]).load(b_l)
+                        acc2 = mma_v2(a, xb2, acc2)
         async_copy.wait_group(0)
 
+        _store(acc, s_ptr, b_ptr, o_ptr, pid, 0, M, N, stride_om, HAS_BIAS, BLOCK_N, BLOCK_M, NW)
+        if BLOCK_M2 > 0:
+            _store(
+                acc2, s_ptr, b_ptr, o_ptr, pid, BLOCK_M, M, N, stride_om, HAS_BIAS, BLOCK_N,
+                BLOCK_M2, NW,
+            )  # fmt: skip
+
+    @gluon.jit
+    def _store(
+        acc,
+        s_ptr,
+        b_ptr,
+        o_ptr,
+        pid,
+        col0,
+        M,
+        N,
+        stride_om,
+        HAS_BIAS: gl.constexpr,
+        BLOCK_N: gl.constexpr,
+        BM: gl.constexpr,
+        NW: gl.constexpr,
+    ):
+        mma: gl.constexpr = acc.type.layout
         offs_on = pid * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, mma))
         rows_o = gl.minimum(offs_on, N - 1)
         s = gl.load(s_ptr + rows_o)
@@ -212,7 +334,7 @@ if HAS_GLUON:
         )
         y = gl.convert_layout(y.to(o_ptr.dtype.element_ty), o_l)
         offs_on2 = pid * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, o_l))
-        offs_om2 = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, o_l))
+        offs_om2 = col0 + gl.arange(0, BM, layout=gl.SliceLayout(0, o_l))
         o_ptrs = (
             o_ptr
             + gl.expand_dims(offs_om2.to(gl.int64) * stride_om, 0)

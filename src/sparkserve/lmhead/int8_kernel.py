@@ -9,10 +9,11 @@ converts each tile to bf16 (or fp16) in registers and feeds it to a tensor-core 
 activation rows padded to at least 16; the per-row scale and the bias are applied to the fp32
 accumulator at the end.
 Two variants: ``kind="mmab"`` computes ``x @ W.T`` (weight as the dot's right operand) and
-``kind="mma"`` the transposed ``W @ x.T`` (weight as the left operand). Launch configurations come
-from a fixed table indexed by M (``CONFIG_TABLE``); nothing is autotuned at run time, nothing is
-synchronised with the host, and the only allocation is the output, so the call can be captured in a
-CUDA graph (after one warm-up call has compiled the kernel).
+``kind="mma"`` the transposed ``W @ x.T`` (weight as the left operand); ``kind="gluon"`` (the
+table's entry for 33 to 48 rows) is the explicit-layout Gluon kernel of ``int8_gluon``. Launch
+configurations come from a fixed table indexed by M (``CONFIG_TABLE``); nothing is autotuned at
+run time, nothing is synchronised with the host, and the only allocation is the output, so the call
+can be captured in a CUDA graph (after one warm-up call has compiled the kernel).
 
 Everything else (CPU tensors, fp32 activations, no Triton) takes a torch path that dequantises the
 weight in row chunks, so it never holds more than ``chunk_bytes`` of fp32 weight at once.
@@ -24,6 +25,7 @@ weight in row chunks, so it never holds more than ``chunk_bytes`` of fp32 weight
 from __future__ import annotations
 
 import dataclasses
+import logging
 import os
 from typing import Any
 
@@ -71,11 +73,13 @@ class KernelConfig:
     halves together; no I2F), with a textually distinct copy per row block so that Triton does not
     merge the conversions of a split program into one shared-memory round trip.
     ``kind="gluon"`` runs the explicit-layout Gluon kernel of ``int8_gluon`` (``out.T = W @ x.T``
-    with ``mma.sync``, the weight loaded straight into A-fragment registers and converted once for
-    all rows; x through shared memory); it uses ``block_n``, ``block_k``, ``num_warps`` and
-    ``k_width``, and ``num_stages`` as the depth of its copy ring (``block_m`` is M rounded up to
-    a power of two, at least 16; M <= 64 only). Where
-    Gluon is missing or the shape does not fit, the call falls back to ``GLUON_FALLBACK``.
+    with ``mma.sync``; weight and x tiles through a ``cp.async`` ring in shared memory, the weight
+    converted once in A-fragment registers for all x columns); it uses ``block_n``, ``block_k``,
+    ``num_warps``, ``k_width``, ``num_stages`` (the ring's depth; ``K / block_k`` must be a multiple
+    of it), ``k_slice`` (columns of a step read into registers at a time), ``warps_m`` (warps
+    splitting the x columns) and ``split_cols`` (M as two accumulators, a power of two plus 8 or
+    16, e.g. 39 as 32 + 8). ``block_m`` is unused (M <= 64 only). Where Gluon is missing or the
+    shape does not fit, the call falls back to ``GLUON_FALLBACK`` (Triton).
     """
 
     kind: str
@@ -88,6 +92,9 @@ class KernelConfig:
     mma_v2: bool = False
     asm_cvt: bool = False
     k_width: int = 8
+    k_slice: int = 32
+    warps_m: int = 1
+    split_cols: bool = False
 
     @property
     def rows_per_program(self) -> int:
@@ -96,11 +103,13 @@ class KernelConfig:
 
 # (largest M, config): the first entry whose bound is >= M is used; the last one serves any
 # larger M (its grid covers M in blocks of block_m). Chosen on an H200 with
-# benchmarks/lmhead_bench.py --sweep at N=248320, K=3072 (see benchmarks/NOTES-lmhead.md).
+# benchmarks/lmhead_bench.py --sweep [--gluon] at N=248320, K=3072 (see
+# benchmarks/NOTES-lmhead.md). 33..48 rows: the Gluon kernel as 32 + 8 (or 16) columns, 0.268 ms
+# against 0.287 for the Triton 16-row split 3 at M=39 in one call (a tie at M=48).
 CONFIG_TABLE: tuple[tuple[int, KernelConfig], ...] = (
     (16, KernelConfig("mmab", 16, 128, 256, 4, 3)),
     (32, KernelConfig("mmab", 16, 128, 128, 4, 4, split_m=2)),
-    (48, KernelConfig("mmab", 16, 128, 128, 4, 3, split_m=3)),
+    (48, KernelConfig("gluon", 0, 128, 128, 4, 3, k_slice=128, split_cols=True)),
     (1 << 62, KernelConfig("mmab", 64, 128, 128, 4, 3)),
 )
 
@@ -109,6 +118,8 @@ CONFIG_TABLE: tuple[tuple[int, KernelConfig], ...] = (
 # block_k, M > 64): the Triton mmab kernel.
 GLUON_FALLBACK: tuple[tuple[int, KernelConfig], ...] = (
     (16, KernelConfig("mmab", 16, 128, 256, 4, 3)),
+    (32, KernelConfig("mmab", 16, 128, 128, 4, 4, split_m=2)),
+    (48, KernelConfig("mmab", 16, 128, 128, 4, 3, split_m=3)),
     (1 << 62, KernelConfig("mmab", 64, 128, 128, 4, 3)),
 )
 
@@ -243,6 +254,21 @@ def _torch_int8_linear(
         out[:, n0:n1] = y
 
 
+_GLUON_FAILED = False
+
+
+def _gluon_failed(error: Exception) -> None:
+    """Use the Triton fallback from now on; the first failure (a compile error in a Triton whose
+    experimental Gluon API differs, say) happens at warm-up, before any CUDA-graph capture."""
+    global _GLUON_FAILED
+    _GLUON_FAILED = True
+    logging.getLogger("vllm.sparkserve.lmhead").warning(
+        "sparkserve int8 lm-head: the Gluon kernel failed (%s: %s); using the Triton kernel",
+        type(error).__name__,
+        str(error).splitlines()[0] if str(error) else "",
+    )
+
+
 def _triton_int8_linear(
     x2: torch.Tensor,
     w_int8: torch.Tensor,
@@ -258,10 +284,22 @@ def _triton_int8_linear(
         from . import int8_gluon
 
         gcfg = int8_gluon.GluonConfig(
-            cfg.block_n, cfg.block_k, cfg.num_warps, cfg.k_width, cfg.num_stages
+            cfg.block_n,
+            cfg.block_k,
+            cfg.num_warps,
+            cfg.k_width,
+            cfg.num_stages,
+            cfg.k_slice,
+            cfg.warps_m,
+            cfg.split_cols,
         )
-        if int8_gluon.gluon_supported(x2, w_int8, gcfg):
-            return int8_gluon.gluon_int8_linear(x2, w_int8, scale, bias, out, gcfg)
+        if not _GLUON_FAILED and int8_gluon.gluon_supported(x2, w_int8, gcfg):
+            try:
+                return int8_gluon.gluon_int8_linear(x2, w_int8, scale, bias, out, gcfg)
+            except (
+                Exception
+            ) as error:  # Gluon is experimental: a Triton without it must still serve
+                _gluon_failed(error)
         cfg = next(c for b, c in GLUON_FALLBACK if m <= b)
     if x2.stride(1) != 1:
         x2 = x2.contiguous()
