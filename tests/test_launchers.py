@@ -13,10 +13,10 @@ from pathlib import Path
 import pytest
 
 from sparkserve.knobs import KNOBS, Knob
+from support.cpu_launch import LAUNCHERS
 from support.geometry import write_geometry_models
 
 REPO = Path(__file__).resolve().parents[1]
-LAUNCHERS = {"dflash": REPO / "serve.sh", "mtp": REPO / "mtp_serve.sh"}
 CHECKER = REPO / "tests" / "scenarios" / "engine_config_check.py"
 
 # launcher, knobs set, and what the engine configuration must then say

@@ -11,22 +11,21 @@ from __future__ import annotations
 import shlex
 import sys
 from collections.abc import Mapping
-from pathlib import Path
 
 from sparkserve.knobs import KnobError, Launcher, knobs_for, resolve
+from sparkserve.memory.host import GIB, read_meminfo
 from sparkserve.patching.engine import PatchError
 from sparkserve.patching.vllm_install import locate
 from sparkserve.workarounds import WORKAROUNDS
 
-GIB = 1024**3
 EXIT_BAD_KNOB = 2
 
 
-def mem_total_bytes(meminfo: Path = Path("/proc/meminfo")) -> int:
-    for line in meminfo.read_text().splitlines():
-        if line.startswith("MemTotal:"):
-            return int(line.split()[1]) * 1024
-    raise KnobError(f"{meminfo}: no MemTotal line; cannot check GPU_MEM against this machine")
+def mem_total_bytes() -> int:
+    try:
+        return read_meminfo().total
+    except (OSError, ValueError) as error:
+        raise KnobError(f"{error}; cannot check GPU_MEM against this machine") from error
 
 
 def check_memory_budget(values: Mapping[str, str], total_bytes: int) -> None:

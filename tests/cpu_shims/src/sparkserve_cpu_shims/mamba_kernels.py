@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import inspect
 import logging
+from collections.abc import Iterator
 from types import ModuleType
 from typing import Any
 
@@ -152,6 +153,42 @@ def _metadata(
     }
 
 
+def _block_tables(block_table_ptrs_ptr: torch.Tensor) -> list[int]:
+    # Block-table addresses, like the state bases, are int64 bit patterns of uint64 pointers.
+    return [a % (1 << 64) for a in block_table_ptrs_ptr.tolist()]
+
+
+def _requests(
+    num_reqs: int, has_idx_mapping: bool, idx_mapping_ptr: torch.Tensor | None
+) -> Iterator[int]:
+    """The request rows both kernels visit: every batch row, or its mapped row (-1: none)."""
+    for batch_idx in range(num_reqs):
+        if not has_idx_mapping:
+            yield batch_idx
+            continue
+        assert idx_mapping_ptr is not None
+        req_idx = int(idx_mapping_ptr[batch_idx])
+        if req_idx >= 0:
+            yield req_idx
+
+
+def _copy_all_states(
+    req_idx: int,
+    src_block: int,
+    dst_block: int,
+    token_bias: int,
+    tables: list[int],
+    block_table_stride_req: int,
+    meta: dict[str, list[int]],
+    conv_state_dim_first: bool,
+) -> None:
+    for state_idx in range(len(meta["base"])):
+        _copy_mamba_state_block(
+            state_idx, req_idx, src_block, dst_block, token_bias,
+            tables, block_table_stride_req, meta, conv_state_dim_first,
+        )  # fmt: skip
+
+
 def postprocess_mamba_fused_kernel(
     num_accepted_tokens_ptr: torch.Tensor,
     mamba_state_idx_ptr: torch.Tensor,
@@ -188,15 +225,8 @@ def postprocess_mamba_fused_kernel(
         state_dim_row_count_ptr,
         state_dim_row_stride_ptr,
     )
-    tables = [a % (1 << 64) for a in block_table_ptrs_ptr.tolist()]
-    num_states = len(meta["base"])
-    for batch_idx in range(num_reqs):
-        req_idx = batch_idx
-        if HAS_IDX_MAPPING:
-            assert idx_mapping_ptr is not None
-            req_idx = int(idx_mapping_ptr[batch_idx])
-            if req_idx < 0:
-                continue
+    tables = _block_tables(block_table_ptrs_ptr)
+    for req_idx in _requests(num_reqs, HAS_IDX_MAPPING, idx_mapping_ptr):
         num_accepted = int(num_accepted_tokens_ptr[req_idx])
         src_block_idx = int(mamba_state_idx_ptr[req_idx])
         if PRECOMPUTED_NEW_COMPUTED:
@@ -219,18 +249,10 @@ def postprocess_mamba_fused_kernel(
             num_accepted_tokens_out_ptr[req_idx] = 1
             if accept_token_bias == 0:
                 continue  # no-op self-copy
-        for state_idx in range(num_states):
-            _copy_mamba_state_block(
-                state_idx,
-                req_idx,
-                src_block_idx,
-                dest_block_idx,
-                accept_token_bias,
-                tables,
-                block_table_stride_req,
-                meta,
-                CONV_STATE_DIM_FIRST,
-            )
+        _copy_all_states(
+            req_idx, src_block_idx, dest_block_idx, accept_token_bias,
+            tables, block_table_stride_req, meta, CONV_STATE_DIM_FIRST,
+        )  # fmt: skip
 
 
 def precopy_mamba_align_fused_kernel(
@@ -264,32 +286,17 @@ def precopy_mamba_align_fused_kernel(
         state_dim_row_count_ptr,
         state_dim_row_stride_ptr,
     )
-    tables = [a % (1 << 64) for a in block_table_ptrs_ptr.tolist()]
-    num_states = len(meta["base"])
-    for batch_idx in range(num_reqs):
-        req_idx = batch_idx
-        if HAS_IDX_MAPPING:
-            assert idx_mapping_ptr is not None
-            req_idx = int(idx_mapping_ptr[batch_idx])
-            if req_idx < 0:
-                continue
+    tables = _block_tables(block_table_ptrs_ptr)
+    for req_idx in _requests(num_reqs, HAS_IDX_MAPPING, idx_mapping_ptr):
         src_col = int(src_col_ptr[req_idx])
         dst_col = int(mamba_state_idx_ptr[req_idx])
         if src_col < 0 or src_col == dst_col:
             continue  # fresh state, or still in the same block
         token_bias = int(token_bias_ptr[req_idx])
-        for state_idx in range(num_states):
-            _copy_mamba_state_block(
-                state_idx,
-                req_idx,
-                src_col,
-                dst_col,
-                token_bias,
-                tables,
-                block_table_stride_req,
-                meta,
-                CONV_STATE_DIM_FIRST,
-            )
+        _copy_all_states(
+            req_idx, src_col, dst_col, token_bias,
+            tables, block_table_stride_req, meta, CONV_STATE_DIM_FIRST,
+        )  # fmt: skip
 
 
 def _params(fn: Any) -> tuple[str, ...]:
