@@ -26,7 +26,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
-from sparkserve.lmhead import int8_kernel
+from sparkserve.lmhead import int8_kernel, layout
 from sparkserve.lmhead.int8_kernel import (
     KernelConfig,
     int8_linear,
@@ -169,8 +169,58 @@ def sweep(dev: torch.device, n: int, k: int, budget_s: float, gluon: bool = Fals
     }
 
 
+def sweep_wgmma(dev: torch.device, n: int, k: int) -> dict:
+    """wgmma kernel configs (stages, 64-column chunks per step, 32 + 16 split) over the packed
+    weight, against the wgmma layout's table, at SWEEP_MS."""
+    w = (torch.randn(n, k, device=dev) * 0.02).to(torch.bfloat16)
+    q0, s = quantize_rows_int8(w)
+    del w
+    q = layout.pack(q0, layout.WGMMA)
+    xs = {m: torch.randn(m, k, device=dev, dtype=torch.bfloat16) for m in SWEEP_MS}
+    refs = {m: int8_linear(xs[m].float(), q0, s) for m in SWEEP_MS}
+    del q0
+    cands = [None] + [
+        KernelConfig("wgmma", 0, 128, 64, 4, st, split_cols=True, chunks=ch, stagger=sg)
+        for st, ch, sg in (
+            (2, 1, False), (2, 1, True), (3, 1, True), (4, 1, True), (3, 2, True), (4, 2, True),
+        )
+    ]  # fmt: skip
+    res: dict[str, dict[int, float]] = {}
+    for cfg in cands:
+        name = (
+            "table"
+            if cfg is None
+            else f"s{cfg.num_stages} ch{cfg.chunks} stagger{int(cfg.stagger)}"
+        )
+        res[name] = {}
+        for m in SWEEP_MS:
+            x = xs[m]
+            out = torch.full((m, n), float("nan"), device=dev, dtype=torch.bfloat16)
+            int8_linear(x, q, s, out=out, config=cfg, weight_layout=layout.WGMMA)
+            if (out.float() - refs[m]).abs().max().item() > 0.05 or out.isnan().any().item():
+                log(f"sweep-wgmma: {name} gives different results at M={m}")
+                continue
+            res[name][m] = bench(
+                lambda c=cfg, x=x, q=q, s=s: int8_linear(
+                    x, q, s, config=c, weight_layout=layout.WGMMA
+                ),
+                25,
+                5,
+            )
+        log(f"sweep-wgmma {name}: " + " ".join(f"M{m}={t:.4f}" for m, t in res[name].items()))
+    del q, s
+    torch.cuda.empty_cache()
+    return res
+
+
 def top1_check(
-    dev: torch.device, w: torch.Tensor, q: torch.Tensor, s: torch.Tensor, rows: int, peaked: bool
+    dev: torch.device,
+    w: torch.Tensor,
+    q: torch.Tensor,
+    s: torch.Tensor,
+    rows: int,
+    peaked: bool,
+    lay: str = layout.ROWS,
 ) -> dict:
     """Argmax of the int8 head vs the bf16 head over `rows` fresh hidden rows, in chunks of 512."""
     n, k = w.shape
@@ -189,7 +239,7 @@ def top1_check(
             x = x + a[:, None] * wt / wt.norm(dim=1, keepdim=True)
         x = x * torch.rsqrt(x.pow(2).mean(dim=1, keepdim=True))  # RMSNorm scale: unit RMS
         x = x.to(torch.bfloat16)
-        y8 = int8_linear(x, q, s)
+        y8 = int8_linear(x, q, s, weight_layout=lay)
         y16 = x @ w.T
         y32 = x.float() @ wf.T  # the bf16 head without output rounding, for near-tie detection
         a8 = y8.argmax(dim=1)
@@ -214,13 +264,23 @@ def top1_check(
     }
 
 
-def run_shape(dev: torch.device, n: int, k: int, bw: float, top1_rows: int, failures: list) -> dict:
+def run_shape(
+    dev: torch.device,
+    n: int,
+    k: int,
+    bw: float,
+    top1_rows: int,
+    failures: list,
+    lay: str,
+    compare_rows: bool = False,
+) -> dict:
     w = (torch.randn(n, k, device=dev) * 0.02).to(torch.bfloat16)
     t0 = time.monotonic()
-    q, s = quantize_rows_int8(w)
+    q0, s = quantize_rows_int8(w)
+    q = layout.pack(q0, lay)  # the stored weight, as the plugin keeps it
     torch.cuda.synchronize()
     quant_s = time.monotonic() - t0
-    deq = q.double() * s.double()[:, None]
+    deq = q0.double() * s.double()[:, None]
     floor_ms = (q.numel() + 4 * n) / bw * 1e3
     bf16_floor_ms = (2 * w.numel()) / bw * 1e3
     rows = []
@@ -229,7 +289,7 @@ def run_shape(dev: torch.device, n: int, k: int, bw: float, top1_rows: int, fail
         x = torch.randn(m, k, device=dev, dtype=torch.bfloat16)
         buf = torch.full((m + 1, n + 8), float("nan"), device=dev, dtype=torch.bfloat16)
         out = buf[:m, :n]
-        int8_linear(x, q, s, out=out)
+        int8_linear(x, q, s, out=out, weight_layout=lay)
         torch.cuda.synchronize()
         ref = x.double() @ deq.T
         err = rel_err(out, ref)
@@ -239,7 +299,7 @@ def run_shape(dev: torch.device, n: int, k: int, bw: float, top1_rows: int, fail
         bias_err = None
         if m in (13, 64):  # bias after the product
             bias = torch.randn(n, device=dev, dtype=torch.bfloat16)
-            bias_err = rel_err(int8_linear(x, q, s, bias), ref + bias.double())
+            bias_err = rel_err(int8_linear(x, q, s, bias, weight_layout=lay), ref + bias.double())
             ok = ok and bias_err < REL_TOL
         if not ok:
             failures.append(
@@ -248,7 +308,10 @@ def run_shape(dev: torch.device, n: int, k: int, bw: float, top1_rows: int, fail
             )
         del buf, ref
         t_bf16 = bench(lambda x=x, w=w: torch.matmul(x, w.T))
-        t_int8 = bench(lambda x=x, q=q, s=s: int8_linear(x, q, s))
+        t_int8 = bench(lambda x=x, q=q, s=s: int8_linear(x, q, s, weight_layout=lay))
+        t_rows = None
+        if compare_rows and lay != layout.ROWS:  # the plain layout's table, same inputs
+            t_rows = bench(lambda x=x, q=q0, s=s: int8_linear(x, q, s))
         ratio = t_int8 / floor_ms
         speedup = t_bf16 / t_int8
         tgt = FLOOR_TARGET.get(m)
@@ -258,6 +321,7 @@ def run_shape(dev: torch.device, n: int, k: int, bw: float, top1_rows: int, fail
                 "M": m,
                 "bf16_ms": t_bf16,
                 "int8_ms": t_int8,
+                "rows_layout_int8_ms": t_rows,
                 "speedup": speedup,
                 "int8_floor_ms": floor_ms,
                 "int8_over_floor": ratio,
@@ -268,20 +332,21 @@ def run_shape(dev: torch.device, n: int, k: int, bw: float, top1_rows: int, fail
                 "unwritten": unwritten,
                 "written_outside": outside,
                 "correct": ok,
-                "config": dataclasses.asdict(select_config(m)),
+                "config": dataclasses.asdict(select_config(m, lay)),
             }
         )
         log(
             f"N={n} K={k} M={m:3d} bf16 {t_bf16:.4f} int8 {t_int8:.4f} x{speedup:.2f} "
             f"floor x{ratio:.2f} rel {err:.2e} {'ok' if ok else 'FAIL'}"
+            + (f" (rows layout {t_rows:.4f})" if t_rows else "")
         )
     # CUDA-graph capture: capture at M=39, replay on new inputs.
     m = 39
     x = torch.randn(m, k, device=dev, dtype=torch.bfloat16)
-    int8_linear(x, q, s)
+    int8_linear(x, q, s, weight_layout=lay)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        captured = int8_linear(x, q, s)
+        captured = int8_linear(x, q, s, weight_layout=lay)
     x.copy_(torch.randn(m, k, device=dev, dtype=torch.bfloat16))
     graph.replay()
     torch.cuda.synchronize()
@@ -294,18 +359,19 @@ def run_shape(dev: torch.device, n: int, k: int, bw: float, top1_rows: int, fail
     top1 = {}
     if top1_rows:
         for peaked in (True, False):
-            res = top1_check(dev, w, q, s, top1_rows, peaked)
+            res = top1_check(dev, w, q, s, top1_rows, peaked, lay)
             top1["peaked" if peaked else "random"] = res
             log(f"N={n} K={k} top-1 {'peaked' if peaked else 'random'}: {res}")
         if top1["peaked"]["agreement"] < TOP1_MIN:
             failures.append(f"N={n} K={k}: top-1 agreement {top1['peaked']['agreement']:.5f}")
         if top1["random"]["disagreements_with_fp32_gap_over_0.125"] > top1_rows * (1 - TOP1_MIN):
             failures.append(f"N={n} K={k}: top-1 flips outside near-ties on random rows")
-    del w, q, s
+    del w, q, q0, s
     torch.cuda.empty_cache()
     return {
         "N": n,
         "K": k,
+        "layout": lay,
         "quantize_s": quant_s,
         "int8_floor_ms": floor_ms,
         "bf16_floor_ms": bf16_floor_ms,
@@ -327,6 +393,16 @@ def main() -> int:
     ap.add_argument("--gluon", action="store_true", help="sweep the Gluon kernel's configs")
     ap.add_argument("--top1-rows", type=int, default=4096)
     ap.add_argument("--shapes", default="all", choices=["all", "main", "none"])
+    ap.add_argument(
+        "--layout",
+        default="auto",
+        choices=["auto", *layout.LAYOUTS],
+        help="weight layout (auto: what the plugin picks on this GPU)",
+    )
+    ap.add_argument("--compare-rows", action="store_true", help="also time the rows layout's table")
+    ap.add_argument(
+        "--sweep-wgmma", action="store_true", help="time wgmma kernel configs at the main shape"
+    )
     args = ap.parse_args()
 
     if not torch.cuda.is_available() or not int8_kernel.HAS_TRITON:
@@ -334,6 +410,7 @@ def main() -> int:
         return 2
     torch.backends.cuda.matmul.allow_tf32 = False
     dev = torch.device("cuda")
+    lay = layout.preferred_layout(dev) if args.layout == "auto" else args.layout
     import triton
 
     meta = {
@@ -342,7 +419,9 @@ def main() -> int:
         "torch": torch.__version__,
         "triton": triton.__version__,
         "cuda": torch.version.cuda,
+        "layout": lay,
         "config_table": [[b, dataclasses.asdict(c)] for b, c in int8_kernel.CONFIG_TABLE],
+        "wgmma_table": [[b, dataclasses.asdict(c)] for b, c in int8_kernel.WGMMA_TABLE],
     }
     log(f"{meta['date_utc']} UTC  {meta['gpu']}  torch {meta['torch']}  triton {meta['triton']}")
     torch.manual_seed(int(time.time()))  # fresh inputs every run
@@ -352,9 +431,14 @@ def main() -> int:
     result: dict = {"meta": meta, "copy_bandwidth": copy}
     if args.sweep:
         result["sweep"] = sweep(dev, *SHAPES[0], args.sweep_budget_s, args.gluon)
+    if args.sweep_wgmma:
+        result["sweep_wgmma"] = sweep_wgmma(dev, *SHAPES[0])
     failures: list[str] = []
     shapes = {"all": SHAPES, "main": SHAPES[:1], "none": []}[args.shapes]
-    result["shapes"] = [run_shape(dev, n, k, bw, args.top1_rows, failures) for n, k in shapes]
+    result["shapes"] = [
+        run_shape(dev, n, k, bw, args.top1_rows, failures, lay, args.compare_rows and i == 0)
+        for i, (n, k) in enumerate(shapes)
+    ]
     result["failures"] = failures
     if args.out:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
@@ -363,7 +447,7 @@ def main() -> int:
     log("")
     log(
         f"{meta['date_utc']} UTC, {meta['gpu']}, copy {bw / 1e12:.2f} TB/s, "
-        f"triton {meta['triton']}, torch {meta['torch']}"
+        f"triton {meta['triton']}, torch {meta['torch']}, weight layout {lay}"
     )
     for sh in result["shapes"]:
         log(

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from sparkserve.lmhead import int8_kernel
+from sparkserve.lmhead import int8_kernel, layout
 from sparkserve.lmhead.int8_kernel import (
     KernelConfig,
     dequantize_rows_int8,
@@ -260,10 +260,131 @@ def test_triton_in_cuda_graph() -> None:
 def test_a_failing_gluon_kernel_switches_to_triton_for_good(
     monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    monkeypatch.setattr(int8_kernel, "_GLUON_FAILED", False)
+    monkeypatch.setattr(int8_kernel, "_FAILED", set())
     with caplog.at_level("WARNING", logger="vllm.sparkserve.lmhead"):
-        int8_kernel._gluon_failed(RuntimeError("unknown layout\nsecond line"))
-    assert int8_kernel._GLUON_FAILED
-    assert "Gluon kernel failed (RuntimeError: unknown layout); using the Triton kernel" in (
+        int8_kernel._kernel_failed("wgmma", RuntimeError("unknown layout\nsecond line"))
+    assert {"wgmma"} == int8_kernel._FAILED
+    assert "wgmma kernel failed (RuntimeError: unknown layout); using the Triton kernel" in (
         caplog.text
     )
+
+
+# --- the wgmma weight layout ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("n", "k"), [(1, 64), (127, 128), (128, 64), (300, 192), (1000, 3072)])
+def test_wgmma_layout_round_trips_and_pads(n: int, k: int) -> None:
+    q = torch.randint(-127, 128, (n, k), generator=_gen(n + k), dtype=torch.int8)
+    packed = layout.pack(q, layout.WGMMA)
+    assert packed.shape == (-(-n // 128) * 128, k)
+    assert torch.equal(layout.unpack(packed, n, layout.WGMMA), q)
+    # the padding rows are zero, so they can never add to anything
+    assert not layout.row_block(packed, 0, packed.shape[0], layout.WGMMA)[n:].any()
+
+
+def test_wgmma_layout_puts_a_threads_fragment_bytes_together() -> None:
+    """Within a 64-column tile, thread t's 16 bytes (stored 16t .. 16t+15) are the logical
+    columns of its A fragments over four k16 steps: 2t, 2t+1, 2t+8, 2t+9 (+16 per step)."""
+    cols = layout.logical_columns(128, layout.WGMMA)
+    assert sorted(cols.tolist()) == list(range(128))  # a permutation
+    for t in range(4):
+        frag = cols[16 * t : 16 * t + 16].tolist()
+        assert frag == [16 * j + d + 2 * t for j in range(4) for d in (0, 1, 8, 9)]
+    assert cols[64:].tolist() == [c + 64 for c in cols[:64].tolist()]
+    # tiles: the first 128 x 64 bytes of memory are rows 0..127 of K-tile 0
+    q = torch.arange(128 * 128, dtype=torch.int32).reshape(128, 128) % 127
+    packed = layout.pack(q.to(torch.int8), layout.WGMMA).reshape(-1)
+    tile0 = packed[: 128 * 64].reshape(128, 64)
+    assert torch.equal(tile0, q.to(torch.int8)[:, cols[:64]])
+
+
+@pytest.mark.parametrize(("n", "k", "m"), [(300, 192, 1), (300, 192, 39), (1000, 3072, 5)])
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_torch_path_reads_the_wgmma_layout(n: int, k: int, m: int, with_bias: bool) -> None:
+    q, scale = quantize_rows_int8(_weight(n, k, seed=n + m))
+    x = _hidden(m, k, seed=m)
+    bias = _hidden(1, n, seed=7)[0] if with_bias else None
+    packed = layout.pack(q, layout.WGMMA)
+    out = int8_linear(x, packed, scale, bias, weight_layout=layout.WGMMA)
+    assert out.shape == (m, n)
+    # the same product summed in another K order: equal up to the bf16 output rounding
+    rows = int8_linear(x, q, scale, bias)
+    assert (out.double() - rows.double()).abs().max() <= 2 * rows.double().abs().max() * 2**-8
+    assert _rel_err(out, _reference(x, q, scale, bias)) < 1e-2
+
+
+def test_layout_arguments_are_checked() -> None:
+    q, scale = quantize_rows_int8(_weight(200, 64, seed=3))
+    x = _hidden(2, 64, seed=4)
+    with pytest.raises(
+        ValueError, match="unknown int8 weight layout 'tiles'; allowed: rows, wgmma"
+    ):
+        int8_linear(x, q, scale, weight_layout="tiles")
+    with pytest.raises(ValueError, match="must have 256 rows"):
+        int8_linear(x, q, scale, weight_layout=layout.WGMMA)  # not packed
+    with pytest.raises(ValueError, match="multiple of 64"):
+        layout.pack(q[:, :48], layout.WGMMA)
+    with pytest.raises(ValueError, match="not aligned"):
+        layout.row_block(layout.pack(q, layout.WGMMA), 0, 100, layout.WGMMA)
+    assert layout.preferred_layout(torch.device("cpu")) == layout.ROWS
+
+
+def test_wgmma_table_covers_every_m() -> None:
+    for m in (1, 16, 17, 39, 48, 64, 65, 4096):
+        cfg = select_config(m, layout.WGMMA)
+        assert cfg.kind == ("wgmma" if m <= 64 else "mmab")
+        assert cfg.block_n == layout.TILE_ROWS
+
+
+# --- the wgmma layout's kernels (CUDA, sm_90 for the wgmma kernel itself) ---------------------
+
+HOPPER = CUDA_TRITON and torch.cuda.get_device_capability() == (9, 0)
+
+
+@cuda_only
+@pytest.mark.parametrize(("n", "k"), [(1000, 256), (4099, 3072), (777, 192)])
+@pytest.mark.parametrize("m", [1, 13, 16, 17, 26, 33, 39, 48, 64, 100])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("fallback", [False, True])
+def test_wgmma_layout_kernels_match_float64(
+    n: int, k: int, m: int, dtype: torch.dtype, fallback: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The table for the wgmma layout (mmab over tiles, the wgmma kernel, mmab 64-row blocks),
+    and the Triton fallback that serves when the wgmma kernel cannot."""
+    if fallback:
+        monkeypatch.setattr(int8_kernel, "_FAILED", {"wgmma"})
+    dev = torch.device("cuda")
+    q, scale = quantize_rows_int8((torch.randn(n, k, device=dev) * 0.02).to(dtype))
+    packed = layout.pack(q, layout.WGMMA)
+    x = torch.randn(m, k, device=dev, dtype=dtype)
+    bias = torch.randn(n, device=dev, dtype=dtype)
+    buf = torch.full((m + 1, n + 3), float("nan"), device=dev, dtype=dtype)
+    out = buf[:m, :n]
+    int8_linear(x, packed, scale, bias, out=out, weight_layout=layout.WGMMA)
+    torch.cuda.synchronize()
+    assert not out.isnan().any()
+    assert buf[m:].isnan().all() and buf[:m, n:].isnan().all()
+    assert _rel_err(out, _reference(x, q, scale, bias)) < 1e-2
+
+
+@cuda_only
+@pytest.mark.skipif(not HOPPER, reason="the wgmma kernel needs an sm_90 GPU")
+def test_wgmma_kernel_runs_and_replays_in_a_cuda_graph() -> None:
+    from sparkserve.lmhead import int8_wgmma
+
+    assert int8_wgmma.HAS_WGMMA
+    dev = torch.device("cuda")
+    n, k, m = 5000, 3072, 39
+    q, scale = quantize_rows_int8((torch.randn(n, k, device=dev) * 0.02).to(torch.bfloat16))
+    packed = layout.pack(q, layout.WGMMA)
+    x = torch.randn(m, k, device=dev, dtype=torch.bfloat16)
+    eager = int8_linear(x, packed, scale, weight_layout=layout.WGMMA)  # compiles before capture
+    assert "wgmma" not in int8_kernel._FAILED
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = int8_linear(x, packed, scale, weight_layout=layout.WGMMA)
+    x.copy_(torch.randn(m, k, device=dev, dtype=torch.bfloat16))
+    graph.replay()
+    torch.cuda.synchronize()
+    assert _rel_err(captured, _reference(x, q, scale)) < 1e-2
+    assert not torch.equal(captured, eager)

@@ -69,6 +69,29 @@ def test_convert_quantises_frees_the_bf16_weight_and_keeps_the_logits() -> None:
     assert plugin.convert_model(model).reason == "already converted"
 
 
+def test_convert_stores_the_layout_it_picks(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where the GPU wants the wgmma layout (forced here on the CPU), the head keeps the packed
+    weight and its layout, and the logits do not change."""
+    from sparkserve.lmhead import layout
+
+    monkeypatch.setattr(layout, "preferred_layout", lambda device: layout.WGMMA)
+    model = make_model(bias=True)
+    x = torch.randn(5, HIDDEN).to(torch.bfloat16)
+    before = head_logits(model, x).float()
+    report = plugin.convert_model(model)
+    head = model.lm_head
+    assert report.layout == head.int8_layout == layout.WGMMA
+    assert head.int8_weight.shape == (layout.packed_rows(VOCAB, layout.WGMMA), HIDDEN)
+    assert report.int8_bytes == head.int8_weight.numel() + VOCAB * 4
+    q = layout.unpack(head.int8_weight, VOCAB, layout.WGMMA)
+    reference = (
+        x.double() @ dequantize_rows_int8(q, head.int8_scale).double().T + head.bias.double()
+    )
+    after = head_logits(model, x)
+    assert (after.double() - reference).norm() / reference.norm() < 1e-2
+    assert (after.float() - before).abs().max() < 0.05 * before.abs().max()
+
+
 @pytest.mark.parametrize(
     ("setup", "reason"),
     [

@@ -8,12 +8,14 @@ On CUDA with Triton the product runs in one Triton kernel that streams the int8 
 converts each tile to bf16 (or fp16) in registers and feeds it to a tensor-core dot with the
 activation rows padded to at least 16; the per-row scale and the bias are applied to the fp32
 accumulator at the end.
-Two variants: ``kind="mmab"`` computes ``x @ W.T`` (weight as the dot's right operand) and
-``kind="mma"`` the transposed ``W @ x.T`` (weight as the left operand); ``kind="gluon"`` (the
-table's entry for 33 to 48 rows) is the explicit-layout Gluon kernel of ``int8_gluon``. Launch
-configurations come from a fixed table indexed by M (``CONFIG_TABLE``); nothing is autotuned at
-run time, nothing is synchronised with the host, and the only allocation is the output, so the call
-can be captured in a CUDA graph (after one warm-up call has compiled the kernel).
+Kinds: ``"mmab"`` computes ``x @ W.T`` (weight as the dot's right operand), ``"mma"`` the
+transposed ``W @ x.T``; ``"gluon"`` (33 to 48 rows) is the explicit-layout Gluon kernel of
+``int8_gluon``; ``"wgmma"`` is the Hopper kernel of ``int8_wgmma``, which needs the weight in
+``layout.WGMMA``. Launch configurations come from fixed tables indexed by M (``CONFIG_TABLE`` for
+the ``rows`` layout, ``WGMMA_TABLE`` for ``wgmma``); nothing is autotuned at run time and nothing
+is synchronised with the host. Besides the output, the only allocation is a gathered copy of x
+when Triton reads the ``wgmma`` layout (more than 64 rows, or the fallback), so the call can be
+captured in a CUDA graph (after one warm-up call has compiled the kernel).
 
 Everything else (CPU tensors, fp32 activations, no Triton) takes a torch path that dequantises the
 weight in row chunks, so it never holds more than ``chunk_bytes`` of fp32 weight at once.
@@ -30,6 +32,8 @@ import os
 from typing import Any
 
 import torch
+
+from . import layout
 
 try:  # Triton is optional: the torch path covers machines without it.
     import triton
@@ -80,6 +84,8 @@ class KernelConfig:
     splitting the x columns) and ``split_cols`` (M as two accumulators, a power of two plus 8 or
     16, e.g. 39 as 32 + 8). ``block_m`` is unused (M <= 64 only). Where Gluon is missing or the
     shape does not fit, the call falls back to ``GLUON_FALLBACK`` (Triton).
+    ``kind="wgmma"`` (weights in the ``wgmma`` layout only) runs ``int8_wgmma``'s Hopper kernel:
+    ``num_stages`` ring slots of ``chunks`` x 64 K columns, ``split_cols`` as there.
     """
 
     kind: str
@@ -95,6 +101,8 @@ class KernelConfig:
     k_slice: int = 32
     warps_m: int = 1
     split_cols: bool = False
+    chunks: int = 1
+    stagger: bool = False
 
     @property
     def rows_per_program(self) -> int:
@@ -124,12 +132,34 @@ GLUON_FALLBACK: tuple[tuple[int, KernelConfig], ...] = (
 )
 
 
-def select_config(m: int) -> KernelConfig:
-    """The table's configuration for ``m`` rows of activations."""
-    for bound, cfg in CONFIG_TABLE:
+# The same for a weight in the ``wgmma`` layout (Hopper): the wgmma kernel up to 64 rows (two
+# 64-column chunks per step up to 16 rows, two ring slots up to 32, three above; programs start
+# at staggered K offsets except above 32 rows); Triton's 64-row blocks beyond. Chosen on an H200
+# with benchmarks/lmhead_bench.py --sweep-wgmma (benchmarks/NOTES-lmhead.md, session 5).
+WGMMA_TABLE: tuple[tuple[int, KernelConfig], ...] = (
+    (16, KernelConfig("wgmma", 0, 128, 64, 4, 3, split_cols=True, chunks=2, stagger=True)),
+    (32, KernelConfig("wgmma", 0, 128, 64, 4, 2, split_cols=True, stagger=True)),
+    (64, KernelConfig("wgmma", 0, 128, 64, 4, 3, split_cols=True)),
+    (1 << 62, KernelConfig("mmab", 64, 128, 128, 4, 3)),
+)
+
+# Used for a "wgmma" entry where that kernel cannot run (no Gluon, a shape that does not fit):
+# the Triton mmab kernel over the same layout.
+WGMMA_FALLBACK: tuple[tuple[int, KernelConfig], ...] = (
+    (16, KernelConfig("mmab", 16, 128, 256, 4, 3)),
+    (32, KernelConfig("mmab", 16, 128, 128, 4, 4, split_m=2)),
+    (48, KernelConfig("mmab", 16, 128, 128, 4, 3, split_m=3)),
+    (1 << 62, KernelConfig("mmab", 64, 128, 128, 4, 3)),
+)
+
+
+def select_config(m: int, weight_layout: str = layout.ROWS) -> KernelConfig:
+    """The table's configuration for ``m`` rows of activations and a weight in ``weight_layout``."""
+    table = WGMMA_TABLE if weight_layout == layout.WGMMA else CONFIG_TABLE
+    for bound, cfg in table:
         if m <= bound:
             return cfg
-    return CONFIG_TABLE[-1][1]
+    return table[-1][1]
 
 
 def quantize_rows_int8(
@@ -172,19 +202,29 @@ def dequantize_rows_int8(
 
 
 def _check_args(
-    x: torch.Tensor, w_int8: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None
+    x: torch.Tensor,
+    w_int8: torch.Tensor,
+    scale: torch.Tensor,
+    bias: torch.Tensor | None,
+    weight_layout: str,
 ) -> tuple[int, int]:
     if w_int8.dtype != torch.int8 or w_int8.dim() != 2:
         raise TypeError(
             f"w_int8 must be a 2-D int8 tensor, got {w_int8.dtype} {tuple(w_int8.shape)}"
         )
-    n, k = w_int8.shape
+    if scale.dim() != 1:
+        raise ValueError(f"scale must be 1-D (N,), got shape {tuple(scale.shape)}")
+    n, k = scale.shape[0], w_int8.shape[1]
+    rows = layout.packed_rows(n, weight_layout)
+    if w_int8.shape[0] != rows:
+        raise ValueError(
+            f"scale has {n} rows, so a {weight_layout!r} weight must have {rows} rows,"
+            f" got shape {tuple(w_int8.shape)}"
+        )
     if x.dim() < 1 or x.shape[-1] != k:
         raise ValueError(f"x's last dimension must be K={k}, got shape {tuple(x.shape)}")
     if not x.is_floating_point():
         raise TypeError(f"x must be floating point, got {x.dtype}")
-    if scale.shape != (n,):
-        raise ValueError(f"scale must have shape ({n},), got {tuple(scale.shape)}")
     if bias is not None and bias.shape != (n,):
         raise ValueError(f"bias must have shape ({n},), got {tuple(bias.shape)}")
     return n, k
@@ -198,15 +238,18 @@ def int8_linear(
     *,
     out: torch.Tensor | None = None,
     config: KernelConfig | None = None,
+    weight_layout: str = layout.ROWS,
 ) -> torch.Tensor:
     """``x @ (w_int8 * scale[:, None]).T + bias``, dtype ``x.dtype``, shape ``(..., N)``.
+
+    ``w_int8`` is stored in ``weight_layout`` (``layout.pack``); N is ``scale``'s length.
 
     ``out`` (optional) is a ``(M, N)`` tensor of ``x.dtype`` whose last dimension is contiguous,
     with M the number of rows of ``x`` flattened; it is written and returned reshaped to
     ``(..., N)``.
     ``config`` overrides the table (benchmarks only).
     """
-    n, k = _check_args(x, w_int8, scale, bias)
+    n, k = _check_args(x, w_int8, scale, bias, weight_layout)
     lead = x.shape[:-1]
     x2 = x.reshape(-1, k)
     m = x2.shape[0]
@@ -216,9 +259,10 @@ def int8_linear(
         raise ValueError("out must be (M, N) of x.dtype with a contiguous last dimension")
     if m > 0 and n > 0:
         if _use_triton(x2, w_int8):
-            _triton_int8_linear(x2, w_int8, scale, bias, out, config or select_config(m))
+            cfg = config or select_config(m, weight_layout)
+            _triton_int8_linear(x2, w_int8, scale, bias, out, cfg, weight_layout)
         else:
-            _torch_int8_linear(x2, w_int8, scale, bias, out)
+            _torch_int8_linear(x2, w_int8, scale, bias, out, weight_layout)
     return out.reshape(*lead, n)
 
 
@@ -238,32 +282,52 @@ def _torch_int8_linear(
     scale: torch.Tensor,
     bias: torch.Tensor | None,
     out: torch.Tensor,
+    weight_layout: str = layout.ROWS,
     *,
     chunk_bytes: int = _DEFAULT_CHUNK_BYTES // 2,
 ) -> None:
-    """fp32 product over chunks of weight rows, then scale and bias, then cast to out's dtype."""
-    n, k = w_int8.shape
+    """fp32 product over chunks of weight rows, then scale and bias, then cast to out's dtype.
+    x is taken in the layout's stored column order, so the weight is never reordered along K."""
+    n, k = scale.shape[0], w_int8.shape[1]
     xf = x2.to(device=w_int8.device, dtype=torch.float32)
+    if weight_layout != layout.ROWS:
+        xf = xf[:, layout.logical_columns(k, weight_layout, xf.device)]
     rows = max(1, chunk_bytes // max(1, k * 4))
+    if weight_layout != layout.ROWS:  # whole tiles of rows
+        rows = max(layout.TILE_ROWS, rows // layout.TILE_ROWS * layout.TILE_ROWS)
+    packed = w_int8.shape[0]
     for n0 in range(0, n, rows):
         n1 = min(n, n0 + rows)
-        y = xf @ w_int8[n0:n1].to(torch.float32).T
+        block = layout.row_block(w_int8, n0, min(packed, n0 + rows), weight_layout)[: n1 - n0]
+        y = xf @ block.to(torch.float32).T
         y.mul_(scale[n0:n1].to(device=y.device, dtype=torch.float32))
         if bias is not None:
             y.add_(bias[n0:n1].to(device=y.device, dtype=torch.float32))
         out[:, n0:n1] = y
 
 
-_GLUON_FAILED = False
+_STORED_ORDER: dict[tuple[int, torch.device], torch.Tensor] = {}
 
 
-def _gluon_failed(error: Exception) -> None:
+def _stored_order(k: int, device: torch.device) -> torch.Tensor:
+    """``layout.logical_columns`` for the wgmma layout, made once per K and device (so that no
+    allocation happens inside a CUDA-graph capture after the warm-up call)."""
+    key = (k, device)
+    if key not in _STORED_ORDER:
+        _STORED_ORDER[key] = layout.logical_columns(k, layout.WGMMA, device)
+    return _STORED_ORDER[key]
+
+
+_FAILED: set[str] = set()  # experimental kernels that failed once: the fallback from then on
+
+
+def _kernel_failed(kind: str, error: Exception) -> None:
     """Use the Triton fallback from now on; the first failure (a compile error in a Triton whose
     experimental Gluon API differs, say) happens at warm-up, before any CUDA-graph capture."""
-    global _GLUON_FAILED
-    _GLUON_FAILED = True
+    _FAILED.add(kind)
     logging.getLogger("vllm.sparkserve.lmhead").warning(
-        "sparkserve int8 lm-head: the Gluon kernel failed (%s: %s); using the Triton kernel",
+        "sparkserve int8 lm-head: the %s kernel failed (%s: %s); using the Triton kernel",
+        kind,
         type(error).__name__,
         str(error).splitlines()[0] if str(error) else "",
     )
@@ -276,10 +340,28 @@ def _triton_int8_linear(
     bias: torch.Tensor | None,
     out: torch.Tensor,
     cfg: KernelConfig,
+    weight_layout: str = layout.ROWS,
 ) -> Any:
     assert triton is not None
     m, k = x2.shape
-    n = w_int8.shape[0]
+    n = scale.shape[0]
+    tiled = weight_layout == layout.WGMMA
+    if cfg.kind == "wgmma":
+        if not tiled:
+            raise ValueError("the wgmma kernel needs a weight in the 'wgmma' layout")
+        from . import int8_wgmma
+
+        wcfg = int8_wgmma.fit_config(
+            x2,
+            k,
+            int8_wgmma.WgmmaConfig(cfg.num_stages, cfg.chunks, cfg.split_cols, stagger=cfg.stagger),
+        )
+        if "wgmma" not in _FAILED and wcfg is not None:
+            try:
+                return int8_wgmma.wgmma_int8_linear(x2, w_int8, scale, bias, out, wcfg)
+            except Exception as error:  # Gluon is experimental: serve with Triton instead
+                _kernel_failed("wgmma", error)
+        cfg = next(c for b, c in WGMMA_FALLBACK if m <= b)
     if cfg.kind == "gluon":
         from . import int8_gluon
 
@@ -293,14 +375,16 @@ def _triton_int8_linear(
             cfg.warps_m,
             cfg.split_cols,
         )
-        if not _GLUON_FAILED and int8_gluon.gluon_supported(x2, w_int8, gcfg):
+        if "gluon" not in _FAILED and not tiled and int8_gluon.gluon_supported(x2, w_int8, gcfg):
             try:
                 return int8_gluon.gluon_int8_linear(x2, w_int8, scale, bias, out, gcfg)
-            except (
-                Exception
-            ) as error:  # Gluon is experimental: a Triton without it must still serve
-                _gluon_failed(error)
+            except Exception as error:  # Gluon is experimental: serve with Triton instead
+                _kernel_failed("gluon", error)
         cfg = next(c for b, c in GLUON_FALLBACK if m <= b)
+    if tiled and (cfg.kind != "mmab" or cfg.block_n != layout.TILE_ROWS or cfg.block_k % 64):
+        raise ValueError(f"{cfg} cannot read a weight in the 'wgmma' layout")
+    if tiled:  # the mmab kernel reads x in the weight's stored column order: one small gather
+        x2 = x2.index_select(1, _stored_order(k, x2.device))
     if x2.stride(1) != 1:
         x2 = x2.contiguous()
     if w_int8.stride(1) != 1:
@@ -317,6 +401,7 @@ def _triton_int8_linear(
             "SPLIT_M": cfg.split_m,
             "MMA_V2": cfg.mma_v2,
             "ASM_CVT": cfg.asm_cvt and x2.dtype == torch.bfloat16,
+            "TILED": tiled,
         }
     )
     # DISABLE_MMA_V3 is read by Triton's compiler (and is part of its disk-cache key); MMA_V2, a
@@ -437,6 +522,7 @@ if HAS_TRITON:
         SPLIT_M: tl.constexpr,
         MMA_V2: tl.constexpr,
         ASM_CVT: tl.constexpr,
+        TILED: tl.constexpr = False,
     ):
         # acc_j[BLOCK_M, BLOCK_N] = x[m-block j, :] @ W[n-block, :].T for j < SPLIT_M; the weight
         # tile is the dot's right operand, loaded and converted once per step for all j.
@@ -448,14 +534,28 @@ if HAS_TRITON:
         offs_m = pid_m * (BLOCK_M * SPLIT_M) + tl.arange(0, BLOCK_M)
         offs_k = tl.arange(0, BLOCK_K)
         rows_n = tl.minimum(offs_n, N - 1).to(tl.int64)
-        w_ptrs = w_ptr + rows_n[None, :] * stride_wn + offs_k[:, None]  # [BLOCK_K, BLOCK_N]
-        x0 = x_ptr + tl.minimum(offs_m, M - 1).to(tl.int64)[:, None] * stride_xm + offs_k[None, :]
+        if TILED:
+            # layout.WGMMA: [BLOCK_N, 64] tiles (BLOCK_N = the tile height), K permuted inside
+            # each 64-column tile; x is read at the logical column each stored column holds
+            w_ptrs = (
+                w_ptr
+                + pid_n.to(tl.int64) * BLOCK_N * K
+                + (offs_k // 64)[:, None] * (BLOCK_N * 64)
+                + tl.arange(0, BLOCK_N)[None, :] * 64
+                + (offs_k % 64)[:, None]
+            )
+            W_STEP: tl.constexpr = BLOCK_K * BLOCK_N
+        else:
+            w_ptrs = w_ptr + rows_n[None, :] * stride_wn + offs_k[:, None]  # [BLOCK_K, BLOCK_N]
+            W_STEP: tl.constexpr = BLOCK_K
+        kx = offs_k  # for TILED, the caller passes x with its columns in the stored order
+        x0 = x_ptr + tl.minimum(offs_m, M - 1).to(tl.int64)[:, None] * stride_xm + kx[None, :]
         x1 = x_ptr + tl.minimum(offs_m + BLOCK_M, M - 1).to(tl.int64)[:, None] * stride_xm
         x2 = x_ptr + tl.minimum(offs_m + 2 * BLOCK_M, M - 1).to(tl.int64)[:, None] * stride_xm
         x3 = x_ptr + tl.minimum(offs_m + 3 * BLOCK_M, M - 1).to(tl.int64)[:, None] * stride_xm
-        x1 += offs_k[None, :]
-        x2 += offs_k[None, :]
-        x3 += offs_k[None, :]
+        x1 += kx[None, :]
+        x2 += kx[None, :]
+        x3 += kx[None, :]
         cdtype = x_ptr.dtype.element_ty
         acc0 = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
         acc1 = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
@@ -468,40 +568,40 @@ if HAS_TRITON:
             else:
                 wq = tl.load(w_ptrs, mask=k_ok[:, None], other=0)
             if ASM_CVT and EVEN_K:
-                acc0 = tl.dot(tl.load(x0), _cvt0(wq), acc0)
+                acc0 = tl.dot(_x_tile(x0, k_ok, True), _cvt0(wq), acc0)
                 if SPLIT_M >= 2:
-                    acc1 = tl.dot(tl.load(x1), _cvt1(wq), acc1)
+                    acc1 = tl.dot(_x_tile(x1, k_ok, True), _cvt1(wq), acc1)
                 if SPLIT_M >= 3:
-                    acc2 = tl.dot(tl.load(x2), _cvt2(wq), acc2)
+                    acc2 = tl.dot(_x_tile(x2, k_ok, True), _cvt2(wq), acc2)
                 if SPLIT_M >= 4:
-                    acc3 = tl.dot(tl.load(x3), _cvt3(wq), acc3)
+                    acc3 = tl.dot(_x_tile(x3, k_ok, True), _cvt3(wq), acc3)
             elif ASM_CVT:
-                acc0 = tl.dot(tl.load(x0, mask=k_ok[None, :], other=0.0), _cvt0(wq), acc0)
+                acc0 = tl.dot(_x_tile(x0, k_ok, False), _cvt0(wq), acc0)
                 if SPLIT_M >= 2:
-                    acc1 = tl.dot(tl.load(x1, mask=k_ok[None, :], other=0.0), _cvt1(wq), acc1)
+                    acc1 = tl.dot(_x_tile(x1, k_ok, False), _cvt1(wq), acc1)
                 if SPLIT_M >= 3:
-                    acc2 = tl.dot(tl.load(x2, mask=k_ok[None, :], other=0.0), _cvt2(wq), acc2)
+                    acc2 = tl.dot(_x_tile(x2, k_ok, False), _cvt2(wq), acc2)
                 if SPLIT_M >= 4:
-                    acc3 = tl.dot(tl.load(x3, mask=k_ok[None, :], other=0.0), _cvt3(wq), acc3)
+                    acc3 = tl.dot(_x_tile(x3, k_ok, False), _cvt3(wq), acc3)
             elif EVEN_K:
                 wb = wq.to(cdtype)
-                acc0 = tl.dot(tl.load(x0), wb, acc0)
+                acc0 = tl.dot(_x_tile(x0, k_ok, True), wb, acc0)
                 if SPLIT_M >= 2:
-                    acc1 = tl.dot(tl.load(x1), wb, acc1)
+                    acc1 = tl.dot(_x_tile(x1, k_ok, True), wb, acc1)
                 if SPLIT_M >= 3:
-                    acc2 = tl.dot(tl.load(x2), wb, acc2)
+                    acc2 = tl.dot(_x_tile(x2, k_ok, True), wb, acc2)
                 if SPLIT_M >= 4:
-                    acc3 = tl.dot(tl.load(x3), wb, acc3)
+                    acc3 = tl.dot(_x_tile(x3, k_ok, True), wb, acc3)
             else:
                 wb = wq.to(cdtype)
-                acc0 = tl.dot(tl.load(x0, mask=k_ok[None, :], other=0.0), wb, acc0)
+                acc0 = tl.dot(_x_tile(x0, k_ok, False), wb, acc0)
                 if SPLIT_M >= 2:
-                    acc1 = tl.dot(tl.load(x1, mask=k_ok[None, :], other=0.0), wb, acc1)
+                    acc1 = tl.dot(_x_tile(x1, k_ok, False), wb, acc1)
                 if SPLIT_M >= 3:
-                    acc2 = tl.dot(tl.load(x2, mask=k_ok[None, :], other=0.0), wb, acc2)
+                    acc2 = tl.dot(_x_tile(x2, k_ok, False), wb, acc2)
                 if SPLIT_M >= 4:
-                    acc3 = tl.dot(tl.load(x3, mask=k_ok[None, :], other=0.0), wb, acc3)
-            w_ptrs += BLOCK_K
+                    acc3 = tl.dot(_x_tile(x3, k_ok, False), wb, acc3)
+            w_ptrs += W_STEP
             x0 += BLOCK_K
             x1 += BLOCK_K
             x2 += BLOCK_K
@@ -531,6 +631,15 @@ if HAS_TRITON:
 
 
 if HAS_TRITON:
+
+    @triton.jit
+    def _x_tile(ptrs, k_ok, EVEN_K: tl.constexpr):
+        if EVEN_K:  # noqa: SIM108 (Triton)
+            xv = tl.load(ptrs)
+        else:
+            xv = tl.load(ptrs, mask=k_ok[None, :], other=0.0)
+        return xv
+
     # int8 x4 (one b32) -> bf16 x4 (two b32): u = q ^ 0x80 = q + 128; fp32 0x4B0000uu = 2**23 + u;
     # minus (2**23 + 128) gives q exactly; |q| <= 127 is exact in bf16, so the high half is q.
     # Four copies differing only in register names, so that CSE keeps one per row block.

@@ -27,6 +27,7 @@ from typing import Any
 
 import torch
 
+from sparkserve.lmhead import layout
 from sparkserve.lmhead.int8_kernel import int8_linear, quantize_rows_int8
 
 logger = logging.getLogger("vllm.sparkserve.lmhead")
@@ -51,6 +52,7 @@ class HeadReport:
     freed_bytes: int = 0
     int8_bytes: int = 0
     kernel: str = ""
+    layout: str = ""
     drafter: str = "none"
     bf16_released: bool = False
     pid: int = field(default_factory=os.getpid)
@@ -66,7 +68,9 @@ class Int8HeadMethod:
     def apply(
         self, layer: torch.nn.Module, x: torch.Tensor, bias: torch.Tensor | None = None
     ) -> torch.Tensor:
-        return int8_linear(x, layer.int8_weight, layer.int8_scale, bias)
+        return int8_linear(
+            x, layer.int8_weight, layer.int8_scale, bias, weight_layout=layer.int8_layout
+        )
 
     def embedding(self, layer: torch.nn.Module, input_: torch.Tensor) -> torch.Tensor:
         raise RuntimeError("sparkserve int8 lm-head: the head's bf16 weight was freed")
@@ -144,8 +148,12 @@ def convert_model(model: torch.nn.Module, drafter: torch.nn.Module | None = None
     report = HeadReport(path="int8", shape=list(weight.shape), dtype=str(weight.dtype))
     report.freed_bytes = weight.numel() * weight.element_size()
     q, scale = quantize_rows_int8(weight.detach())
-    report.int8_bytes = q.numel() * q.element_size() + scale.numel() * scale.element_size()
-    head.register_buffer("int8_weight", q, persistent=False)
+    report.layout = layout.preferred_layout(q.device)
+    packed = layout.pack(q, report.layout)
+    del q  # the wgmma layout is a reordered copy
+    report.int8_bytes = packed.numel() * packed.element_size() + scale.numel() * 4
+    head.register_buffer("int8_weight", packed, persistent=False)
+    head.int8_layout = report.layout
     head.register_buffer("int8_scale", scale, persistent=False)
     head.quant_method = Int8HeadMethod(head.quant_method)
     report.drafter = _drafter_sharing(head, drafter)
@@ -160,9 +168,9 @@ def convert_model(model: torch.nn.Module, drafter: torch.nn.Module | None = None
     del weight
     gc.collect()
     report.bf16_released = released is None or released() is None
-    if torch.cuda.is_available() and q.is_cuda:
+    if torch.cuda.is_available() and packed.is_cuda:
         torch.cuda.empty_cache()  # hand the freed block back so the profiler counts it free
-        report.kernel = "triton"
+        report.kernel = "wgmma" if report.layout == layout.WGMMA else "triton"
     else:
         report.kernel = "torch"
     return report
@@ -195,9 +203,9 @@ def _log(report: HeadReport) -> None:
     if report.path == "int8" and report.reason != "already converted":
         shape = "x".join(map(str, report.shape))
         logger.info(
-            "sparkserve int8 lm-head: active (%s, %s kernel); freed %.3f GiB of %s weight "
-            "for %.3f GiB int8 + scales (net %.3f GiB back); drafter: %s",
-            shape, report.kernel, report.freed_bytes / 2**30, report.dtype,
+            "sparkserve int8 lm-head: active (%s, %s kernel, %s layout); freed %.3f GiB of %s "
+            "weight for %.3f GiB int8 + scales (net %.3f GiB back); drafter: %s",
+            shape, report.kernel, report.layout, report.freed_bytes / 2**30, report.dtype,
             report.int8_bytes / 2**30, (report.freed_bytes - report.int8_bytes) / 2**30,
             report.drafter,
         )  # fmt: skip
