@@ -182,7 +182,7 @@ def sweep_wgmma(dev: torch.device, n: int, k: int) -> dict:
     cands = [None] + [
         KernelConfig("wgmma", 0, 128, 64, 4, st, split_cols=True, chunks=ch, stagger=sg)
         for st, ch, sg in (
-            (2, 1, False), (2, 1, True), (3, 1, True), (4, 1, True), (3, 2, True), (4, 2, True),
+            (2, 1, False), (2, 1, True), (3, 1, False), (3, 1, True), (4, 1, True), (3, 2, True),
         )
     ]  # fmt: skip
     res: dict[str, dict[int, float]] = {}
