@@ -203,7 +203,7 @@ def test_plugin_runs_in_the_worker_and_logits_match_the_bf16_server(
     assert report["pid"] != shared_server.proc.pid, "must run in the engine's worker process"
     assert report["drafter"] == "shares the target's head (int8)"
     log = shared_server.log_path.read_text(errors="replace")
-    assert "sparkserve int8 lm-head: active (4096x128, torch kernel)" in log
+    assert "sparkserve int8 lm-head: active (4096x128, torch kernel, rows layout)" in log
 
     int8 = {prompt: prompt_logprobs(shared_server, prompt) for prompt in PROMPTS}
     keep = launcher_server(
