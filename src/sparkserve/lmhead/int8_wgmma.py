@@ -45,6 +45,8 @@ try:
         warpgroup_mma_wait,
     )
 
+    from .gluon_epilogue import store_scaled
+
     _barrier = getattr(gl, "barrier", None) or gl.thread_barrier
     HAS_WGMMA = True
 except Exception:  # pragma: no cover - depends on the Triton version
@@ -308,41 +310,11 @@ if HAS_WGMMA:
                     acc = warpgroup_mma_wait(0, deps=[acc])
         async_copy.wait_group(0)
 
-        _store(acc, s_ptr, b_ptr, o_ptr, pid, 0, M, N, stride_om, HAS_BIAS, BLOCK_N, BLOCK_M)
-        if BLOCK_M2 > 0:
-            _store(
-                acc2, s_ptr, b_ptr, o_ptr, pid, BLOCK_M, M, N, stride_om, HAS_BIAS, BLOCK_N,
-                BLOCK_M2,
-            )  # fmt: skip
-
-    @gluon.jit
-    def _store(
-        acc,
-        s_ptr,
-        b_ptr,
-        o_ptr,
-        pid,
-        col0,
-        M,
-        N,
-        stride_om,
-        HAS_BIAS: gl.constexpr,
-        BLOCK_N: gl.constexpr,
-        BM: gl.constexpr,
-    ):
-        mma: gl.constexpr = acc.type.layout
-        offs = pid * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, mma))
-        rows_o = gl.minimum(offs, N - 1)
-        y = acc * gl.expand_dims(gl.load(s_ptr + rows_o), 1)
-        if HAS_BIAS:
-            y = y + gl.expand_dims(gl.load(b_ptr + rows_o).to(gl.float32), 1)
-        # store through a layout whose threads run along N (out's contiguous dimension)
-        o_l: gl.constexpr = gl.BlockedLayout([8, 1], [16, 2], [1, gl.num_warps()], [0, 1])
-        y = gl.convert_layout(y.to(o_ptr.dtype.element_ty), o_l)
-        offs_n = pid * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, o_l))
-        offs_m = col0 + gl.arange(0, BM, layout=gl.SliceLayout(0, o_l))
-        o_ptrs = (
-            o_ptr + gl.expand_dims(offs_m.to(gl.int64) * stride_om, 0) + gl.expand_dims(offs_n, 1)
+        store_scaled(
+            acc, s_ptr, b_ptr, o_ptr, pid, 0, M, N, stride_om, HAS_BIAS, BLOCK_N, BLOCK_M, NW
         )
-        o_mask = gl.expand_dims(offs_m < M, 0) & gl.expand_dims(offs_n < N, 1)
-        gl.store(o_ptrs, y, mask=o_mask)
+        if BLOCK_M2 > 0:
+            store_scaled(
+                acc2, s_ptr, b_ptr, o_ptr, pid, BLOCK_M, M, N, stride_om, HAS_BIAS, BLOCK_N,
+                BLOCK_M2, NW,
+            )  # fmt: skip
