@@ -85,7 +85,8 @@ class KernelConfig:
     16, e.g. 39 as 32 + 8). ``block_m`` is unused (M <= 64 only). Where Gluon is missing or the
     shape does not fit, the call falls back to ``GLUON_FALLBACK`` (Triton).
     ``kind="wgmma"`` (weights in the ``wgmma`` layout only) runs ``int8_wgmma``'s Hopper kernel:
-    ``num_stages`` ring slots of ``chunks`` x 64 K columns, ``split_cols`` as there.
+    ``num_stages`` ring slots of ``chunks`` x 64 K columns, ``split_cols`` as there, and
+    ``stagger`` (each program starts its walk over K at a different step).
     """
 
     kind: str
