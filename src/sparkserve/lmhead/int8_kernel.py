@@ -549,14 +549,14 @@ if HAS_TRITON:
         else:
             w_ptrs = w_ptr + rows_n[None, :] * stride_wn + offs_k[:, None]  # [BLOCK_K, BLOCK_N]
             W_STEP: tl.constexpr = BLOCK_K
-        kx = offs_k  # for TILED, the caller passes x with its columns in the stored order
-        x0 = x_ptr + tl.minimum(offs_m, M - 1).to(tl.int64)[:, None] * stride_xm + kx[None, :]
+        # for TILED, the caller passes x with its columns in the weight's stored order
+        x0 = x_ptr + tl.minimum(offs_m, M - 1).to(tl.int64)[:, None] * stride_xm + offs_k[None, :]
         x1 = x_ptr + tl.minimum(offs_m + BLOCK_M, M - 1).to(tl.int64)[:, None] * stride_xm
         x2 = x_ptr + tl.minimum(offs_m + 2 * BLOCK_M, M - 1).to(tl.int64)[:, None] * stride_xm
         x3 = x_ptr + tl.minimum(offs_m + 3 * BLOCK_M, M - 1).to(tl.int64)[:, None] * stride_xm
-        x1 += kx[None, :]
-        x2 += kx[None, :]
-        x3 += kx[None, :]
+        x1 += offs_k[None, :]
+        x2 += offs_k[None, :]
+        x3 += offs_k[None, :]
         cdtype = x_ptr.dtype.element_ty
         acc0 = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
         acc1 = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
@@ -569,39 +569,39 @@ if HAS_TRITON:
             else:
                 wq = tl.load(w_ptrs, mask=k_ok[:, None], other=0)
             if ASM_CVT and EVEN_K:
-                acc0 = tl.dot(_x_tile(x0, k_ok, True), _cvt0(wq), acc0)
+                acc0 = tl.dot(tl.load(x0), _cvt0(wq), acc0)
                 if SPLIT_M >= 2:
-                    acc1 = tl.dot(_x_tile(x1, k_ok, True), _cvt1(wq), acc1)
+                    acc1 = tl.dot(tl.load(x1), _cvt1(wq), acc1)
                 if SPLIT_M >= 3:
-                    acc2 = tl.dot(_x_tile(x2, k_ok, True), _cvt2(wq), acc2)
+                    acc2 = tl.dot(tl.load(x2), _cvt2(wq), acc2)
                 if SPLIT_M >= 4:
-                    acc3 = tl.dot(_x_tile(x3, k_ok, True), _cvt3(wq), acc3)
+                    acc3 = tl.dot(tl.load(x3), _cvt3(wq), acc3)
             elif ASM_CVT:
-                acc0 = tl.dot(_x_tile(x0, k_ok, False), _cvt0(wq), acc0)
+                acc0 = tl.dot(tl.load(x0, mask=k_ok[None, :], other=0.0), _cvt0(wq), acc0)
                 if SPLIT_M >= 2:
-                    acc1 = tl.dot(_x_tile(x1, k_ok, False), _cvt1(wq), acc1)
+                    acc1 = tl.dot(tl.load(x1, mask=k_ok[None, :], other=0.0), _cvt1(wq), acc1)
                 if SPLIT_M >= 3:
-                    acc2 = tl.dot(_x_tile(x2, k_ok, False), _cvt2(wq), acc2)
+                    acc2 = tl.dot(tl.load(x2, mask=k_ok[None, :], other=0.0), _cvt2(wq), acc2)
                 if SPLIT_M >= 4:
-                    acc3 = tl.dot(_x_tile(x3, k_ok, False), _cvt3(wq), acc3)
+                    acc3 = tl.dot(tl.load(x3, mask=k_ok[None, :], other=0.0), _cvt3(wq), acc3)
             elif EVEN_K:
                 wb = wq.to(cdtype)
-                acc0 = tl.dot(_x_tile(x0, k_ok, True), wb, acc0)
+                acc0 = tl.dot(tl.load(x0), wb, acc0)
                 if SPLIT_M >= 2:
-                    acc1 = tl.dot(_x_tile(x1, k_ok, True), wb, acc1)
+                    acc1 = tl.dot(tl.load(x1), wb, acc1)
                 if SPLIT_M >= 3:
-                    acc2 = tl.dot(_x_tile(x2, k_ok, True), wb, acc2)
+                    acc2 = tl.dot(tl.load(x2), wb, acc2)
                 if SPLIT_M >= 4:
-                    acc3 = tl.dot(_x_tile(x3, k_ok, True), wb, acc3)
+                    acc3 = tl.dot(tl.load(x3), wb, acc3)
             else:
                 wb = wq.to(cdtype)
-                acc0 = tl.dot(_x_tile(x0, k_ok, False), wb, acc0)
+                acc0 = tl.dot(tl.load(x0, mask=k_ok[None, :], other=0.0), wb, acc0)
                 if SPLIT_M >= 2:
-                    acc1 = tl.dot(_x_tile(x1, k_ok, False), wb, acc1)
+                    acc1 = tl.dot(tl.load(x1, mask=k_ok[None, :], other=0.0), wb, acc1)
                 if SPLIT_M >= 3:
-                    acc2 = tl.dot(_x_tile(x2, k_ok, False), wb, acc2)
+                    acc2 = tl.dot(tl.load(x2, mask=k_ok[None, :], other=0.0), wb, acc2)
                 if SPLIT_M >= 4:
-                    acc3 = tl.dot(_x_tile(x3, k_ok, False), wb, acc3)
+                    acc3 = tl.dot(tl.load(x3, mask=k_ok[None, :], other=0.0), wb, acc3)
             w_ptrs += W_STEP
             x0 += BLOCK_K
             x1 += BLOCK_K
@@ -632,15 +632,6 @@ if HAS_TRITON:
 
 
 if HAS_TRITON:
-
-    @triton.jit
-    def _x_tile(ptrs, k_ok, EVEN_K: tl.constexpr):
-        if EVEN_K:  # noqa: SIM108 (Triton)
-            xv = tl.load(ptrs)
-        else:
-            xv = tl.load(ptrs, mask=k_ok[None, :], other=0.0)
-        return xv
-
     # int8 x4 (one b32) -> bf16 x4 (two b32): u = q ^ 0x80 = q + 128; fp32 0x4B0000uu = 2**23 + u;
     # minus (2**23 + 128) gives q exactly; |q| <= 127 is exact in bf16, so the high half is q.
     # Four copies differing only in register names, so that CSE keeps one per row block.
