@@ -26,7 +26,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
-from sparkserve.lmhead import int8_kernel, int8_wgmma_resident, layout
+from sparkserve.lmhead import int8_kernel, layout
 from sparkserve.lmhead.int8_kernel import (
     KernelConfig,
     int8_linear,
@@ -186,24 +186,16 @@ def sweep_wgmma(dev: torch.device, n: int, k: int) -> dict:
             (256, 2, 1, True), (256, 3, 2, True), (512, 2, 1, False), (512, 3, 1, False),
             (512, 2, 2, True),
         )
-    ] + [
-        KernelConfig("resident", 0, bn, 64, bn // 32, depth, stagger=sg)
-        for bn, depth, sg in (
-            (128, 2, True), (256, 1, True), (256, 2, True), (256, 4, True), (256, 2, False),
-            (512, 2, True), (512, 1, True), (128, 4, True),
-        )
     ]  # fmt: skip
     res: dict[str, dict[int, float]] = {}
     for cfg in cands:
         name = (
             "table"
             if cfg is None
-            else f"{cfg.kind} bn{cfg.block_n} s{cfg.num_stages} ch{cfg.chunks} sg{int(cfg.stagger)}"
+            else f"bn{cfg.block_n} s{cfg.num_stages} ch{cfg.chunks} stagger{int(cfg.stagger)}"
         )
         res[name] = {}
         for m in SWEEP_MS:
-            if cfg is not None and cfg.kind == "resident" and m > int8_wgmma_resident.MAX_M:
-                continue
             x = xs[m]
             out = torch.full((m, n), float("nan"), device=dev, dtype=torch.bfloat16)
             int8_linear(x, q, s, out=out, config=cfg, weight_layout=layout.WGMMA)

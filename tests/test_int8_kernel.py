@@ -420,35 +420,3 @@ def test_wgmma_kernel_with_several_row_blocks_per_program(
     assert not out.isnan().any()
     assert buf[m:].isnan().all() and buf[:m, n:].isnan().all()
     assert _rel_err(out, _reference(x, q, scale, bias)) < 1e-2
-
-
-@cuda_only
-@pytest.mark.skipif(not HOPPER, reason="the resident kernel needs an sm_90 GPU")
-@pytest.mark.parametrize(("n", "k"), [(4099, 3072), (777, 384), (129, 256)])
-@pytest.mark.parametrize("m", [1, 5, 8, 9, 16, 17, 32])
-@pytest.mark.parametrize(("block_n", "depth"), [(128, 2), (256, 1), (256, 2), (512, 4)])
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-def test_resident_kernel_matches_float64(
-    n: int, k: int, m: int, block_n: int, depth: int, dtype: torch.dtype
-) -> None:
-    """x resident in shared memory, the weight streamed into registers, persistent programs
-    (N = 4099: more row blocks than one program's tile, and a tile past the weight's end)."""
-    from sparkserve.lmhead import int8_wgmma_resident as resident
-
-    dev = torch.device("cuda")
-    q, scale = quantize_rows_int8((torch.randn(n, k, device=dev) * 0.02).to(dtype))
-    packed = layout.pack(q, layout.WGMMA)
-    x = torch.randn(m, k, device=dev, dtype=dtype)
-    bias = torch.randn(n, device=dev, dtype=dtype)
-    buf = torch.full((m + 1, n + 3), float("nan"), device=dev, dtype=dtype)
-    out = buf[:m, :n]
-    if (k // 64) % depth:
-        pytest.skip("depth must divide the K steps")
-    assert resident.fit_resident(x, k, resident.ResidentConfig(block_n, depth))
-    cfg = int8_kernel.KernelConfig("resident", 0, block_n, 64, block_n // 32, depth, stagger=True)
-    int8_linear(x, packed, scale, bias, out=out, config=cfg, weight_layout=layout.WGMMA)
-    torch.cuda.synchronize()
-    assert "resident" not in int8_kernel._FAILED
-    assert not out.isnan().any()
-    assert buf[m:].isnan().all() and buf[:m, n:].isnan().all()
-    assert _rel_err(out, _reference(x, q, scale, bias)) < 1e-2

@@ -144,14 +144,6 @@ WGMMA_TABLE: tuple[tuple[int, KernelConfig], ...] = (
     (1 << 62, KernelConfig("mmab", 64, 128, 128, 4, 3)),
 )
 
-# Used for a "resident" entry where that kernel cannot run (x too large for shared memory):
-# the ring-buffer wgmma kernel.
-WGMMA_KERNEL_TABLE: tuple[tuple[int, KernelConfig], ...] = (
-    (16, KernelConfig("wgmma", 0, 128, 64, 4, 3, split_cols=True, chunks=2, stagger=True)),
-    (32, KernelConfig("wgmma", 0, 128, 64, 4, 2, split_cols=True, stagger=True)),
-    (1 << 62, KernelConfig("wgmma", 0, 128, 64, 4, 3, split_cols=True)),
-)
-
 # Used for a "wgmma" entry where that kernel cannot run (no Gluon, a shape that does not fit):
 # the Triton mmab kernel over the same layout.
 WGMMA_FALLBACK: tuple[tuple[int, KernelConfig], ...] = (
@@ -355,18 +347,6 @@ def _triton_int8_linear(
     m, k = x2.shape
     n = scale.shape[0]
     tiled = weight_layout == layout.WGMMA
-    if cfg.kind == "resident":
-        if not tiled:
-            raise ValueError("the resident kernel needs a weight in the 'wgmma' layout")
-        from . import int8_wgmma_resident as resident
-
-        rcfg = resident.ResidentConfig(cfg.block_n, cfg.num_stages, cfg.stagger)
-        if "resident" not in _FAILED and resident.fit_resident(x2, k, rcfg):
-            try:
-                return resident.resident_int8_linear(x2, w_int8, scale, bias, out, rcfg)
-            except Exception as error:  # Gluon is experimental: serve with another kernel
-                _kernel_failed("resident", error)
-        cfg = next(c for b, c in WGMMA_KERNEL_TABLE if m <= b)
     if cfg.kind == "wgmma":
         if not tiled:
             raise ValueError("the wgmma kernel needs a weight in the 'wgmma' layout")
