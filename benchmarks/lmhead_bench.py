@@ -180,11 +180,9 @@ def sweep_wgmma(dev: torch.device, n: int, k: int) -> dict:
     refs = {m: int8_linear(xs[m].float(), q0, s) for m in SWEEP_MS}
     del q0
     cands = [None] + [
-        KernelConfig("wgmma", 0, bn, 64, bn // 32, st, split_cols=True, chunks=ch, stagger=sg)
-        for bn, st, ch, sg in (
-            (128, 3, 1, False), (256, 2, 1, False), (256, 3, 1, False), (256, 4, 1, False),
-            (256, 2, 1, True), (256, 3, 2, True), (512, 2, 1, False), (512, 3, 1, False),
-            (512, 2, 2, True),
+        KernelConfig("wgmma", 0, 128, 64, 4, st, split_cols=True, chunks=ch, stagger=sg)
+        for st, ch, sg in (
+            (2, 1, False), (2, 1, True), (3, 1, False), (3, 1, True), (4, 1, True), (3, 2, True),
         )
     ]  # fmt: skip
     res: dict[str, dict[int, float]] = {}
@@ -192,7 +190,7 @@ def sweep_wgmma(dev: torch.device, n: int, k: int) -> dict:
         name = (
             "table"
             if cfg is None
-            else f"bn{cfg.block_n} s{cfg.num_stages} ch{cfg.chunks} stagger{int(cfg.stagger)}"
+            else f"s{cfg.num_stages} ch{cfg.chunks} stagger{int(cfg.stagger)}"
         )
         res[name] = {}
         for m in SWEEP_MS:

@@ -388,35 +388,3 @@ def test_wgmma_kernel_runs_and_replays_in_a_cuda_graph() -> None:
     torch.cuda.synchronize()
     assert _rel_err(captured, _reference(x, q, scale)) < 1e-2
     assert not torch.equal(captured, eager)
-
-
-@cuda_only
-@pytest.mark.skipif(not HOPPER, reason="the wgmma kernel needs an sm_90 GPU")
-@pytest.mark.parametrize(("n", "k"), [(4099, 3072), (777, 384), (129, 256)])
-@pytest.mark.parametrize("m", [1, 17, 39, 64])
-@pytest.mark.parametrize(("block_n", "stages", "chunks"), [(256, 3, 1), (256, 2, 2), (512, 2, 1)])
-def test_wgmma_kernel_with_several_row_blocks_per_program(
-    n: int, k: int, m: int, block_n: int, stages: int, chunks: int
-) -> None:
-    """Two or four warpgroups share one x tile; a program whose last row blocks lie past the
-    weight (N = 4099 has 33 blocks of 128) must still write exactly the rows below N."""
-    dev = torch.device("cuda")
-    q, scale = quantize_rows_int8((torch.randn(n, k, device=dev) * 0.02).to(torch.bfloat16))
-    packed = layout.pack(q, layout.WGMMA)
-    x = torch.randn(m, k, device=dev, dtype=torch.bfloat16)
-    bias = torch.randn(n, device=dev, dtype=torch.bfloat16)
-    buf = torch.full((m + 1, n + 3), float("nan"), device=dev, dtype=torch.bfloat16)
-    out = buf[:m, :n]
-    cfg = int8_kernel.KernelConfig(
-        "wgmma", 0, block_n, 64, block_n // 32, stages, split_cols=True, chunks=chunks
-    )
-    from sparkserve.lmhead import int8_wgmma
-
-    wcfg = int8_wgmma.WgmmaConfig(stages, chunks, True, block_n)
-    assert int8_wgmma.fit_config(x, k, wcfg) is not None  # the kernel itself runs, no fallback
-    int8_linear(x, packed, scale, bias, out=out, config=cfg, weight_layout=layout.WGMMA)
-    torch.cuda.synchronize()
-    assert "wgmma" not in int8_kernel._FAILED
-    assert not out.isnan().any()
-    assert buf[m:].isnan().all() and buf[:m, n:].isnan().all()
-    assert _rel_err(out, _reference(x, q, scale, bias)) < 1e-2

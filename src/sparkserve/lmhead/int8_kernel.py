@@ -355,9 +355,7 @@ def _triton_int8_linear(
         wcfg = int8_wgmma.fit_config(
             x2,
             k,
-            int8_wgmma.WgmmaConfig(
-                cfg.num_stages, cfg.chunks, cfg.split_cols, cfg.block_n, stagger=cfg.stagger
-            ),
+            int8_wgmma.WgmmaConfig(cfg.num_stages, cfg.chunks, cfg.split_cols, stagger=cfg.stagger),
         )
         if "wgmma" not in _FAILED and wcfg is not None:
             try:

@@ -74,9 +74,7 @@ MAX_M = 64  # one program holds every x column in its accumulators
 @dataclasses.dataclass(frozen=True)
 class WgmmaConfig:
     """``stages`` ring slots of ``chunks`` x 64 K columns each; ``split_cols`` runs 33 to 48 rows
-    as 32 + 16 columns instead of 64. ``block_n`` weight rows per program: a multiple of the
-    layout's tile height (128), one warpgroup per 128 rows, all sharing one x tile (so x is read
-    from L2 once per ``block_n`` rows instead of once per 128)."""
+    as 32 + 16 columns instead of 64. ``block_n`` is the layout's tile height (128)."""
 
     stages: int = 3
     chunks: int = 1
@@ -107,7 +105,7 @@ def fit_config(x2: torch.Tensor, k: int, cfg: WgmmaConfig) -> WgmmaConfig | None
         and x2.dtype in (torch.bfloat16, torch.float16)
         and 1 <= x2.shape[0] <= MAX_M
         and k % step == 0
-        and cfg.block_n in (TILE_ROWS, 2 * TILE_ROWS, 4 * TILE_ROWS)
+        and cfg.block_n == TILE_ROWS
     ):
         return None
     nk = k // step
@@ -151,8 +149,7 @@ def wgmma_int8_linear(
     if x2.stride(1) != 1:
         x2 = x2.contiguous()
     block_m, block_m2 = column_blocks(m, cfg)
-    warps = 4 * (cfg.block_n // TILE_ROWS)  # one warpgroup per 128 rows
-    grid = (-(-w_packed.shape[0] // cfg.block_n),)
+    grid = (w_packed.shape[0] // cfg.block_n,)
     with torch.cuda.device(x2.device):
         return _int8_wgmma_kernel[grid](
             x2,
@@ -171,9 +168,9 @@ def wgmma_int8_linear(
             BLOCK_M2=block_m2,
             STAGES=cfg.stages,
             NCH=cfg.chunks,
-            W_LD=weight_load_layout(cfg.block_n, warps),
+            W_LD=weight_load_layout(cfg.block_n),
             STAGGER=cfg.stagger,
-            num_warps=warps,
+            num_warps=4,
         )
 
 
@@ -239,15 +236,15 @@ if HAS_WGMMA:
         )
 
         pid = gl.program_id(0)
-        # shared-memory row c * BLOCK_N + 128 b + r holds chunk c of row r of tile row block
-        # pid * BLOCK_N / 128 + b (clamped to the last block: its rows are not stored)
-        TR: gl.constexpr = 128
         w_r = gl.arange(0, NCH * BLOCK_N, layout=gl.SliceLayout(1, w_cl))
         w_c = gl.arange(0, BK, layout=gl.SliceLayout(0, w_cl))
-        blk = gl.minimum(pid * (BLOCK_N // TR) + (w_r % BLOCK_N) // TR, (N - 1) // TR)
-        w_row = blk.to(gl.int64) * K * TR + (w_r // BLOCK_N) * (TR * BK) + (w_r % TR) * BK
-        w_ptrs = w_ptr + gl.expand_dims(w_row, 1) + gl.expand_dims(w_c, 0)
-        W_STEP: gl.constexpr = STEP * TR
+        w_ptrs = (
+            w_ptr
+            + pid.to(gl.int64) * K * BLOCK_N
+            + gl.expand_dims(w_r * BK, 1)
+            + gl.expand_dims(w_c, 0)
+        )
+        W_STEP: gl.constexpr = STEP * BLOCK_N
         x_ptrs, x_mask = _x_pointers(x_ptr, 0, M, stride_xm, BLOCK_M, STEP, x_cl)
         w_sm = gl.allocate_shared_memory(gl.int8, [STAGES, NCH * BLOCK_N, BK], w_sl)
         x_sm = gl.allocate_shared_memory(cdtype, [STAGES, BLOCK_M, STEP], x_sl)
