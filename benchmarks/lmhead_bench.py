@@ -170,8 +170,8 @@ def sweep(dev: torch.device, n: int, k: int, budget_s: float, gluon: bool = Fals
 
 
 def sweep_wgmma(dev: torch.device, n: int, k: int) -> dict:
-    """wgmma kernel configs (stages, 64-column chunks per step, 32 + 16 split) over the packed
-    weight, against the wgmma layout's table, at SWEEP_MS."""
+    """wgmma kernel configs (weight and x ring depths, 64-column chunks per step, stagger) over
+    the packed weight, against the wgmma layout's table, at SWEEP_MS."""
     w = (torch.randn(n, k, device=dev) * 0.02).to(torch.bfloat16)
     q0, s = quantize_rows_int8(w)
     del w
@@ -180,9 +180,12 @@ def sweep_wgmma(dev: torch.device, n: int, k: int) -> dict:
     refs = {m: int8_linear(xs[m].float(), q0, s) for m in SWEEP_MS}
     del q0
     cands = [None] + [
-        KernelConfig("wgmma", 0, 128, 64, 4, st, split_cols=True, chunks=ch, stagger=sg)
-        for st, ch, sg in (
-            (2, 1, False), (2, 1, True), (3, 1, False), (3, 1, True), (4, 1, True), (3, 2, True),
+        KernelConfig(
+            "wgmma", 0, 128, 64, 4, ws, split_cols=True, chunks=ch, stagger=sg, x_stages=xst
+        )
+        for ws, xst, ch, sg in (
+            (3, 3, 1, False), (3, 3, 1, True), (4, 2, 1, False), (4, 2, 1, True), (3, 2, 1, False),
+            (4, 4, 1, False), (2, 2, 2, True), (4, 2, 2, True), (3, 3, 2, True),
         )
     ]  # fmt: skip
     res: dict[str, dict[int, float]] = {}
@@ -190,7 +193,7 @@ def sweep_wgmma(dev: torch.device, n: int, k: int) -> dict:
         name = (
             "table"
             if cfg is None
-            else f"s{cfg.num_stages} ch{cfg.chunks} stagger{int(cfg.stagger)}"
+            else f"w{cfg.num_stages} x{cfg.x_stages} ch{cfg.chunks} stagger{int(cfg.stagger)}"
         )
         res[name] = {}
         for m in SWEEP_MS:

@@ -388,3 +388,52 @@ def test_wgmma_kernel_runs_and_replays_in_a_cuda_graph() -> None:
     torch.cuda.synchronize()
     assert _rel_err(captured, _reference(x, q, scale)) < 1e-2
     assert not torch.equal(captured, eager)
+
+
+@cuda_only
+@pytest.mark.skipif(not HOPPER, reason="the wgmma kernel needs an sm_90 GPU")
+@pytest.mark.parametrize(("n", "k"), [(4099, 3072), (300, 256)])
+@pytest.mark.parametrize("m", [1, 8, 9, 33, 40, 41, 64])
+@pytest.mark.parametrize(("stages", "x_stages", "chunks"), [(4, 2, 1), (3, 2, 1), (2, 2, 2)])
+def test_wgmma_kernel_ring_depths(
+    n: int, k: int, m: int, stages: int, x_stages: int, chunks: int
+) -> None:
+    """Weight and x rings of different depths (the loop unrolled by their lcm), every column
+    split (8, 16, 32 + 8, 32 + 16, 64)."""
+    from sparkserve.lmhead import int8_wgmma
+
+    dev = torch.device("cuda")
+    q, scale = quantize_rows_int8((torch.randn(n, k, device=dev) * 0.02).to(torch.bfloat16))
+    packed = layout.pack(q, layout.WGMMA)
+    x = torch.randn(m, k, device=dev, dtype=torch.bfloat16)
+    buf = torch.full((m + 1, n + 3), float("nan"), device=dev, dtype=torch.bfloat16)
+    out = buf[:m, :n]
+    wcfg = int8_wgmma.WgmmaConfig(stages, chunks, True, True, x_stages)
+    assert int8_wgmma.fit_config(x, k, wcfg) is not None  # the kernel itself runs, no fallback
+    cfg = int8_kernel.KernelConfig(
+        "wgmma", 0, 128, 64, 4, stages, split_cols=True, chunks=chunks, stagger=True,
+        x_stages=x_stages,
+    )  # fmt: skip
+    int8_linear(x, packed, scale, out=out, config=cfg, weight_layout=layout.WGMMA)
+    torch.cuda.synchronize()
+    assert "wgmma" not in int8_kernel._FAILED
+    assert not out.isnan().any()
+    assert buf[m:].isnan().all() and buf[:m, n:].isnan().all()
+    assert _rel_err(out, _reference(x, q, scale)) < 1e-2
+
+
+@cuda_only
+@pytest.mark.skipif(not HOPPER, reason="the wgmma kernel needs an sm_90 GPU")
+def test_wgmma_kernel_takes_x_that_tma_cannot_address() -> None:
+    """x whose base is not 16-byte aligned (TMA needs that) is copied first, not misread."""
+    dev = torch.device("cuda")
+    n, k, m = 1000, 256, 13
+    q, scale = quantize_rows_int8((torch.randn(n, k, device=dev) * 0.02).to(torch.bfloat16))
+    packed = layout.pack(q, layout.WGMMA)
+    flat = torch.randn(m * k + 1, device=dev, dtype=torch.bfloat16)
+    x = flat[1:].view(m, k)  # 2 bytes past an aligned base
+    assert x.data_ptr() % 16
+    out = int8_linear(x, packed, scale, weight_layout=layout.WGMMA)
+    torch.cuda.synchronize()
+    assert "wgmma" not in int8_kernel._FAILED
+    assert _rel_err(out, _reference(x, q, scale)) < 1e-2

@@ -85,8 +85,9 @@ class KernelConfig:
     16, e.g. 39 as 32 + 8). ``block_m`` is unused (M <= 64 only). Where Gluon is missing or the
     shape does not fit, the call falls back to ``GLUON_FALLBACK`` (Triton).
     ``kind="wgmma"`` (weights in the ``wgmma`` layout only) runs ``int8_wgmma``'s Hopper kernel:
-    ``num_stages`` ring slots of ``chunks`` x 64 K columns, ``split_cols`` as there, and
-    ``stagger`` (each program starts its walk over K at a different step).
+    ``num_stages`` weight-ring and ``x_stages`` x-ring slots (0: as many) of ``chunks`` x 64 K
+    columns, ``split_cols`` (33 to 48 rows as 32 + 8 or 32 + 16 columns), and ``stagger`` (each
+    program starts its walk over K at a different step).
     """
 
     kind: str
@@ -104,6 +105,7 @@ class KernelConfig:
     split_cols: bool = False
     chunks: int = 1
     stagger: bool = False
+    x_stages: int = 0
 
     @property
     def rows_per_program(self) -> int:
@@ -134,12 +136,12 @@ GLUON_FALLBACK: tuple[tuple[int, KernelConfig], ...] = (
 
 
 # The same for a weight in the ``wgmma`` layout (Hopper): the wgmma kernel up to 64 rows (two
-# 64-column chunks per step up to 16 rows, two ring slots up to 32, three above; programs start
-# at staggered K offsets except above 32 rows); Triton's 64-row blocks beyond. Chosen on an H200
-# with benchmarks/lmhead_bench.py --sweep-wgmma (benchmarks/NOTES-lmhead.md, session 5).
+# 64-column chunks per step and two ring slots up to 16 rows, three slots above; programs start
+# at staggered K offsets up to 32 rows); Triton's 64-row blocks beyond. Chosen on an H200 with
+# benchmarks/lmhead_bench.py --sweep-wgmma (benchmarks/NOTES-lmhead.md, session 6).
 WGMMA_TABLE: tuple[tuple[int, KernelConfig], ...] = (
-    (16, KernelConfig("wgmma", 0, 128, 64, 4, 3, split_cols=True, chunks=2, stagger=True)),
-    (32, KernelConfig("wgmma", 0, 128, 64, 4, 2, split_cols=True, stagger=True)),
+    (16, KernelConfig("wgmma", 0, 128, 64, 4, 2, split_cols=True, chunks=2, stagger=True)),
+    (32, KernelConfig("wgmma", 0, 128, 64, 4, 3, split_cols=True, stagger=True)),
     (64, KernelConfig("wgmma", 0, 128, 64, 4, 3, split_cols=True)),
     (1 << 62, KernelConfig("mmab", 64, 128, 128, 4, 3)),
 )
@@ -355,7 +357,9 @@ def _triton_int8_linear(
         wcfg = int8_wgmma.fit_config(
             x2,
             k,
-            int8_wgmma.WgmmaConfig(cfg.num_stages, cfg.chunks, cfg.split_cols, stagger=cfg.stagger),
+            int8_wgmma.WgmmaConfig(
+                cfg.num_stages, cfg.chunks, cfg.split_cols, cfg.stagger, cfg.x_stages
+            ),
         )
         if "wgmma" not in _FAILED and wcfg is not None:
             try:

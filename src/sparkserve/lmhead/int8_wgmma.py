@@ -1,27 +1,31 @@
 """Hopper (sm_90) kernel for the weight-only int8 lm-head: ``wgmma`` with the weight in registers.
 
 It computes ``out.T = W @ x.T`` over a weight in the ``wgmma`` layout of ``layout``. One
-warpgroup (4 warps) owns ``block_n`` = 128 weight rows: each step it reads one [128, 64] int8
-tile from shared memory with 16-byte loads, converts it to bf16/fp16 in registers and hands it to
+warpgroup (4 warps) owns 128 weight rows: each step it reads one [128, 64] int8 tile from
+shared memory with 16-byte loads, converts it to bf16/fp16 in registers and hands it to
 ``wgmma`` as the A operand straight from there; ``x.T`` is the B operand, which the tensor cores
-read from shared memory once per 64 weight rows. With ``mma.sync`` every warp had to read all of x
-for every 16 weight rows, which is what made the earlier kernels slow down with each extra 16
-rows of x.
+read from shared memory once per 64 weight rows (with ``mma.sync`` every warp had to read all of
+x for every 16 weight rows, which is what made the earlier kernels slow down with each extra 16
+rows of x).
 
 Because the layout permutes K so that a thread's A-fragment bytes for four k16 steps are
 adjacent, the loaded tile only needs a relabelling (``reshape``/``permute``, checked to move no
-data by ``convert_layout(..., assert_trivial=True)``) to become the A operand, and because the
-tiles of a row block are contiguous, every step's copy is one contiguous run of memory.
+data by ``convert_layout(..., assert_trivial=True)``) to become the A operand; because the tiles
+of a row block are contiguous rows of 64 bytes, one TMA box of [128, 64] fetches a tile, and a
+warp's 16-byte reads of it cover 512 contiguous bytes (no bank conflicts without a swizzle).
 
-Weight and x tiles stream through a ``stages``-deep ``cp.async`` ring (zero-filled rows of x
-past M are not read: many threads copying one clamped row is slow). M up to 64 runs as one
-accumulator of 16, 32 or 64 columns, or (``split_cols``) 32 + 16 for 33 to 48 rows. Per-row scale
-and bias are applied to the fp32 accumulator at the end. Every ring slot index is static (the
-loop is unrolled by ``stages``), so K / (64 * ``chunks``) must be a multiple of ``stages``
-(``fit_config`` adjusts the stage count).
+Weight and x tiles come by TMA (one thread issues a copy; an mbarrier per ring slot counts the
+bytes in), through two rings: ``stages`` slots for the weight, which comes from HBM, and
+``x_stages`` for x, which comes from L2 and needs less lead time. Rows of x past M are zero-filled
+by the TMA unit. Every ring slot is its own shared-memory allocation and every slot index is
+static (the loop is unrolled by the two depths' least common multiple), so Triton's barrier
+analysis can tell the slots apart: one CTA barrier per step, where the ``cp.async`` version of
+this kernel needed several and issued 128 threads' copies. M up to 64 runs as one accumulator of
+8, 16, 32 or 64 columns, or (``split_cols``) 32 + 8 for 33 to 40 rows and 32 + 16 for 41 to 48.
+Per-row scale and bias are applied to the fp32 accumulator at the end.
 
 Needs ``triton.experimental.gluon`` with its Hopper module (Triton >= 3.6); ``HAS_WGMMA`` says
-whether it imported. Measured on an H200: benchmarks/NOTES-lmhead.md, session 5.
+whether it imported. Measured on an H200: benchmarks/NOTES-lmhead.md, sessions 5 and 6.
 """
 
 # ruff: noqa: ANN001, ANN202
@@ -29,6 +33,7 @@ whether it imported. Measured on an H200: benchmarks/NOTES-lmhead.md, session 5.
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Any
 
 import torch
@@ -38,25 +43,21 @@ from .layout import PERM_CHUNK, TILE_ROWS
 try:
     from triton.experimental import gluon
     from triton.experimental.gluon import language as gl
-    from triton.experimental.gluon.language.nvidia.ampere import async_copy
     from triton.experimental.gluon.language.nvidia.hopper import (
         fence_async_shared,
+        mbarrier,
+        tma,
         warpgroup_mma,
         warpgroup_mma_wait,
     )
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
     from .gluon_epilogue import store_scaled
 
-    _barrier = getattr(gl, "barrier", None) or gl.thread_barrier
     HAS_WGMMA = True
 except Exception:  # pragma: no cover - depends on the Triton version
     gluon = None
     gl = None
-    async_copy = None
-    fence_async_shared = None
-    warpgroup_mma = None
-    warpgroup_mma_wait = None
-    _barrier = None
     HAS_WGMMA = False
 
 __all__ = [
@@ -69,35 +70,39 @@ __all__ = [
 ]
 
 MAX_M = 64  # one program holds every x column in its accumulators
+MAX_STAGES = 4  # ring slots per ring (each one its own allocation)
 
 
 @dataclasses.dataclass(frozen=True)
 class WgmmaConfig:
-    """``stages`` ring slots of ``chunks`` x 64 K columns each; ``split_cols`` runs 33 to 48 rows
-    as 32 + 16 columns instead of 64. ``block_n`` is the layout's tile height (128)."""
+    """``stages`` weight-ring slots and ``x_stages`` x-ring slots (0: as many as ``stages``) of
+    ``chunks`` x 64 K columns each; ``split_cols`` runs 33 to 48 rows as 32 + 8 or 32 + 16 columns
+    instead of 64; ``stagger``: each program starts its walk over K at a different step."""
 
     stages: int = 3
     chunks: int = 1
     split_cols: bool = True
-    block_n: int = TILE_ROWS
     stagger: bool = False
-
-
-def _next_pow2(v: int) -> int:
-    return 1 << max(0, (v - 1).bit_length())
+    x_stages: int = 0
 
 
 def column_blocks(m: int, cfg: WgmmaConfig) -> tuple[int, int]:
     """(BLOCK_M, BLOCK_M2): x columns of the main and the second accumulator (0: none)."""
-    full = max(16, _next_pow2(m))
     if cfg.split_cols and 32 < m <= 48:
-        return 32, 16
-    return full, 0
+        return 32, 8 if m <= 40 else 16
+    return max(8, 1 << max(0, (m - 1).bit_length())), 0
+
+
+def _fits_tma(x2: torch.Tensor) -> bool:
+    # TMA: 16-byte aligned base and row stride, unit column stride
+    row_bytes = x2.stride(0) * x2.element_size()
+    return x2.stride(1) == 1 and x2.data_ptr() % 16 == 0 and row_bytes % 16 == 0
 
 
 def fit_config(x2: torch.Tensor, k: int, cfg: WgmmaConfig) -> WgmmaConfig | None:
-    """``cfg``, with its stage count changed where it does not divide K's steps (3 stages over
-    K=2048's 32 steps become 4); None where the kernel cannot run at all."""
+    """``cfg``, with its ring depths changed where their least common multiple does not divide
+    K's steps (3 weight stages over K=2048's 32 steps become 4); None where the kernel cannot run
+    at all."""
     step = PERM_CHUNK * cfg.chunks
     if not (
         HAS_WGMMA
@@ -105,13 +110,13 @@ def fit_config(x2: torch.Tensor, k: int, cfg: WgmmaConfig) -> WgmmaConfig | None
         and x2.dtype in (torch.bfloat16, torch.float16)
         and 1 <= x2.shape[0] <= MAX_M
         and k % step == 0
-        and cfg.block_n == TILE_ROWS
     ):
         return None
     nk = k // step
-    for stages in (cfg.stages, 4, 2, 3, 6, 8):
-        if stages <= nk and nk % stages == 0:
-            return dataclasses.replace(cfg, stages=stages)
+    x_stages = cfg.x_stages or cfg.stages
+    for ws, xs in ((cfg.stages, x_stages), (4, min(x_stages, 4)), (4, 2), (2, 2), (3, 3)):
+        if 2 <= ws <= MAX_STAGES and 2 <= xs <= MAX_STAGES and nk % math.lcm(ws, xs) == 0:
+            return dataclasses.replace(cfg, stages=ws, x_stages=xs)
     return None
 
 
@@ -134,6 +139,15 @@ def weight_load_layout(block_n: int, num_warps: int = 4) -> Any:
     )
 
 
+def _x_smem_layout() -> Any:
+    return gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
+
+
+def _w_smem_layout() -> Any:
+    # a warp's 16-byte reads cover 8 whole 64-byte rows: conflict-free without a swizzle
+    return gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=8, rank=2)
+
+
 def wgmma_int8_linear(
     x2: torch.Tensor,
     w_packed: torch.Tensor,
@@ -142,33 +156,43 @@ def wgmma_int8_linear(
     out: torch.Tensor,
     cfg: WgmmaConfig,
 ) -> Any:
-    """``out = x2 @ (W * scale).T + bias`` for a ``w_packed`` in the wgmma layout; N is
-    ``scale``'s length (the packed weight may carry padding rows)."""
+    """``out = x2 @ (W * scale).T + bias`` for a ``w_packed`` in the wgmma layout and a ``cfg``
+    from ``fit_config``; N is ``scale``'s length (the packed weight may carry padding rows)."""
     m, k = x2.shape
     n = scale.shape[0]
-    if x2.stride(1) != 1:
-        x2 = x2.contiguous()
+    if not _fits_tma(x2):
+        x2 = x2.contiguous().clone()  # a fresh allocation is 16-byte aligned
     block_m, block_m2 = column_blocks(m, cfg)
-    grid = (w_packed.shape[0] // cfg.block_n,)
+    x_desc = TensorDescriptor.from_tensor(x2, [block_m, PERM_CHUNK], _x_smem_layout())
+    # the second accumulator's x rows start at block_m; its box is unused (but must be valid)
+    # when there is none
+    x2_desc = TensorDescriptor.from_tensor(x2, [max(block_m2, 8), PERM_CHUNK], _x_smem_layout())
+    # the tiled weight as rows of 64 bytes: tile (block b, step t) is rows (b * K/64 + t) * 128
+    w_desc = TensorDescriptor.from_tensor(
+        w_packed.view(-1, PERM_CHUNK), [TILE_ROWS, PERM_CHUNK], _w_smem_layout()
+    )
+    x_stages = cfg.x_stages or cfg.stages
+    grid = (w_packed.shape[0] // TILE_ROWS,)
     with torch.cuda.device(x2.device):
         return _int8_wgmma_kernel[grid](
-            x2,
-            w_packed,
+            x_desc,
+            x2_desc,
+            w_desc,
             scale,
             bias if bias is not None else scale,
             out,
             m,
             n,
-            k,
-            x2.stride(0),
             out.stride(0),
             HAS_BIAS=bias is not None,
-            BLOCK_N=cfg.block_n,
             BLOCK_M=block_m,
             BLOCK_M2=block_m2,
-            STAGES=cfg.stages,
+            NKT=k // PERM_CHUNK,
+            WS=cfg.stages,
+            XS=x_stages,
+            UNROLL=math.lcm(cfg.stages, x_stages),
             NCH=cfg.chunks,
-            W_LD=weight_load_layout(cfg.block_n),
+            W_LD=weight_load_layout(TILE_ROWS),
             STAGGER=cfg.stagger,
             num_warps=4,
         )
@@ -186,135 +210,148 @@ if HAS_WGMMA:
         return gl.convert_layout(w, a_l, assert_trivial=True)
 
     @gluon.jit
-    def _x_pointers(x_ptr, row0, M, stride_xm, ROWS: gl.constexpr, STEP: gl.constexpr, x_cl):
-        r = gl.arange(0, ROWS, layout=gl.SliceLayout(1, x_cl))
-        c = gl.arange(0, STEP, layout=gl.SliceLayout(0, x_cl))
-        rows = gl.minimum(row0 + r, M - 1).to(gl.int64) * stride_xm
-        ptrs = x_ptr + gl.expand_dims(rows, 1) + gl.expand_dims(c, 0)
-        # padding rows are zero-filled, not read
-        mask = gl.expand_dims(row0 + r < M, 1) & gl.expand_dims(c >= 0, 0)
-        return ptrs, mask
+    def _ring(dtype: gl.constexpr, shape: gl.constexpr, layout: gl.constexpr, N: gl.constexpr):
+        """``N`` (2 to 4) separate shared-memory buffers, as a 4-tuple (unused entries repeat
+        the first; they are never indexed)."""
+        b0 = gl.allocate_shared_memory(dtype, shape, layout)
+        b1 = gl.allocate_shared_memory(dtype, shape, layout)
+        b2 = b0
+        b3 = b0
+        if N >= 3:
+            b2 = gl.allocate_shared_memory(dtype, shape, layout)
+        if N >= 4:
+            b3 = gl.allocate_shared_memory(dtype, shape, layout)
+        return (b0, b1, b2, b3)
+
+    @gluon.jit
+    def _bars(N: gl.constexpr):
+        bars = _ring(gl.int64, [1], mbarrier.MBarrierLayout(), N)
+        for i in gl.static_range(N):
+            mbarrier.init(bars[i], count=1)
+        return bars
+
+    @gluon.jit
+    def _load_w(w_desc, bar, dst, blk, t, pred, NKT: gl.constexpr, NCH: gl.constexpr):
+        """Weight step t (NCH tiles) of row block blk into dst, counted on bar."""
+        mbarrier.expect(bar, NCH * 128 * 64, pred=pred)
+        for c in gl.static_range(NCH):
+            row = (blk * NKT + t * NCH + c) * 128
+            tma.async_copy_global_to_shared(
+                w_desc, [row, 0], bar, dst.slice(c * 128, 128, 0), pred=pred
+            )
+
+    @gluon.jit
+    def _load_x(x_desc, x2_desc, bar, dst, dst2, t, pred, NCH: gl.constexpr, BM: gl.constexpr,
+                BM2: gl.constexpr):  # fmt: skip
+        """x step t: NCH tiles of BM rows (and of BM2 rows from row BM) into dst (dst2)."""
+        mbarrier.expect(bar, NCH * (BM + BM2) * 64 * 2, pred=pred)  # bf16 / fp16
+        for c in gl.static_range(NCH):
+            col = (t * NCH + c) * 64
+            tma.async_copy_global_to_shared(
+                x_desc, [0, col], bar, dst.slice(c * BM, BM, 0), pred=pred
+            )
+            if BM2 > 0:
+                tma.async_copy_global_to_shared(
+                    x2_desc, [BM, col], bar, dst2.slice(c * BM2, BM2, 0), pred=pred
+                )
 
     @gluon.jit(do_not_specialize=["M"])
     def _int8_wgmma_kernel(
-        x_ptr,
-        w_ptr,
+        x_desc,
+        x2_desc,
+        w_desc,
         s_ptr,
         b_ptr,
         o_ptr,
         M,
         N,
-        K,
-        stride_xm,
         stride_om,
         HAS_BIAS: gl.constexpr,
-        BLOCK_N: gl.constexpr,
         BLOCK_M: gl.constexpr,
         BLOCK_M2: gl.constexpr,
-        STAGES: gl.constexpr,
+        NKT: gl.constexpr,
+        WS: gl.constexpr,
+        XS: gl.constexpr,
+        UNROLL: gl.constexpr,
         NCH: gl.constexpr,
         W_LD: gl.constexpr,
-        STAGGER: gl.constexpr = False,
+        STAGGER: gl.constexpr,
     ):
-        BK: gl.constexpr = 64  # one tile; a pipeline step (ring slot) is NCH tiles
-        STEP: gl.constexpr = BK * NCH
+        BLOCK_N: gl.constexpr = 128
         NW: gl.constexpr = gl.num_warps()
-        cdtype: gl.constexpr = x_ptr.dtype.element_ty
+        BM2: gl.constexpr = BLOCK_M2 if BLOCK_M2 > 0 else 8  # shapes must be valid when unused
+        cdtype: gl.constexpr = x_desc.dtype
         mma: gl.constexpr = gl.NVMMADistributedLayout(
             version=[3, 0], warps_per_cta=[NW, 1], instr_shape=[16, BLOCK_M, 16]
         )
         a_l: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma, k_width=2)
-        # 16-byte copies: weight [NCH * BLOCK_N, 64] (one contiguous run), x [rows, STEP]
-        w_cl: gl.constexpr = gl.BlockedLayout([1, 16], [8, 4], [NW, 1], [1, 0])
-        x_cl: gl.constexpr = gl.BlockedLayout(
-            [1, 8], [32 // (STEP // 8), STEP // 8], [NW, 1], [1, 0]
+        mma2: gl.constexpr = gl.NVMMADistributedLayout(
+            version=[3, 0], warps_per_cta=[NW, 1], instr_shape=[16, BM2, 16]
         )
-        # 16-byte vectors XOR-swizzled by row: conflict-free A-fragment reads
-        w_sl: gl.constexpr = gl.SwizzledSharedLayout(16, 1, 4, order=[1, 0])
-        x_sl: gl.constexpr = gl.NVMMASharedLayout(
-            swizzle_byte_width=128, element_bitwidth=16, rank=2
-        )
+        a2_l: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma2, k_width=2)
 
-        pid = gl.program_id(0)
-        w_r = gl.arange(0, NCH * BLOCK_N, layout=gl.SliceLayout(1, w_cl))
-        w_c = gl.arange(0, BK, layout=gl.SliceLayout(0, w_cl))
-        w_ptrs = (
-            w_ptr
-            + pid.to(gl.int64) * K * BLOCK_N
-            + gl.expand_dims(w_r * BK, 1)
-            + gl.expand_dims(w_c, 0)
-        )
-        W_STEP: gl.constexpr = STEP * BLOCK_N
-        x_ptrs, x_mask = _x_pointers(x_ptr, 0, M, stride_xm, BLOCK_M, STEP, x_cl)
-        w_sm = gl.allocate_shared_memory(gl.int8, [STAGES, NCH * BLOCK_N, BK], w_sl)
-        x_sm = gl.allocate_shared_memory(cdtype, [STAGES, BLOCK_M, STEP], x_sl)
-        if BLOCK_M2 > 0:
-            mma2: gl.constexpr = gl.NVMMADistributedLayout(
-                version=[3, 0], warps_per_cta=[NW, 1], instr_shape=[16, BLOCK_M2, 16]
-            )
-            a2_l: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma2, k_width=2)
-            x2_ptrs, x2_mask = _x_pointers(x_ptr, BLOCK_M, M, stride_xm, BLOCK_M2, STEP, x_cl)
-            x2_sm = gl.allocate_shared_memory(cdtype, [STAGES, BLOCK_M2, STEP], x_sl)
+        w_sl: gl.constexpr = w_desc.layout
+        x_sl: gl.constexpr = x_desc.layout
+        w_sm = _ring(gl.int8, [NCH * BLOCK_N, 64], w_sl, WS)
+        x_sm = _ring(cdtype, [NCH * BLOCK_M, 64], x_sl, XS)
+        if BLOCK_M2 > 0:  # noqa: SIM108 (a static branch in Gluon)
+            x2_sm = _ring(cdtype, [NCH * BM2, 64], x_sl, XS)
+        else:
+            x2_sm = x_sm  # never read
+        w_bar = _bars(WS)
+        x_bar = _bars(XS)
+        fence_async_shared()  # barrier initialisation -> the TMA unit
 
-        nk = K // STEP
-        # STAGGER: program p walks K starting at step p % nk (and wraps), so that the programs
+        blk = gl.program_id(0)
+        NS: gl.constexpr = NKT // NCH
+        # STAGGER: program p walks K starting at step p % NS (and wraps), so that the programs
         # running at one time do not all read the same offset of their row blocks
-        k_off = pid % nk if STAGGER else 0
-        for st in gl.static_range(STAGES - 1):  # prologue: steps 0 .. STAGES-2 in flight
-            t = (st + k_off) % nk
-            async_copy.async_copy_global_to_shared(w_sm.index(st), w_ptrs + t * W_STEP)
-            async_copy.async_copy_global_to_shared(x_sm.index(st), x_ptrs + t * STEP, mask=x_mask)
-            if BLOCK_M2 > 0:
-                async_copy.async_copy_global_to_shared(
-                    x2_sm.index(st), x2_ptrs + t * STEP, mask=x2_mask
-                )
-            async_copy.commit_group()
+        k_off = blk % NS if STAGGER else 0
+        for s in gl.static_range(WS - 1):  # prologue: the first steps in flight
+            _load_w(w_desc, w_bar[s], w_sm[s], blk, (s + k_off) % NS, True, NKT, NCH)
+        for s in gl.static_range(XS - 1):
+            _load_x(x_desc, x2_desc, x_bar[s], x_sm[s], x2_sm[s], (s + k_off) % NS, True, NCH,
+                    BLOCK_M, BLOCK_M2)  # fmt: skip
         acc = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, mma)
-        if BLOCK_M2 > 0:
-            acc2 = gl.zeros([BLOCK_N, BLOCK_M2], gl.float32, mma2)
-        for i0 in range(0, nk, STAGES):
-            for st in gl.static_range(STAGES):
-                async_copy.wait_group(STAGES - 2)  # step i0+st has landed (this thread's copies)
-                fence_async_shared()  # cp.async writes (generic proxy) -> wgmma reads (async)
-                _barrier()  # everyone's copies; and everyone is done with the previous slot
-                # the step to fetch (clamped at the end: the last copies repeat, unused)
-                j = (gl.minimum(i0 + st + STAGES - 1, nk - 1) + k_off) % nk
-                async_copy.async_copy_global_to_shared(
-                    w_sm.index((st + STAGES - 1) % STAGES), w_ptrs + j * W_STEP
-                )
-                async_copy.async_copy_global_to_shared(
-                    x_sm.index((st + STAGES - 1) % STAGES), x_ptrs + j * STEP, mask=x_mask
-                )
-                if BLOCK_M2 > 0:
-                    async_copy.async_copy_global_to_shared(
-                        x2_sm.index((st + STAGES - 1) % STAGES), x2_ptrs + j * STEP, mask=x2_mask
-                    )
-                async_copy.commit_group()
+        acc2 = gl.zeros([BLOCK_N, BM2], gl.float32, mma2)
+        for i0 in range(0, NS, UNROLL):
+            for u in gl.static_range(UNROLL):
+                i = i0 + u
+                mbarrier.wait(w_bar[u % WS], (i // WS) & 1)
+                mbarrier.wait(x_bar[u % XS], (i // XS) & 1)
+                gl.thread_barrier()  # everyone is done with step i - 1's slots
+                fence_async_shared()  # ... and with them in the generic proxy, before TMA writes
+                jw = i + WS - 1  # refill the slots step i - 1 used
+                _load_w(w_desc, w_bar[(u + WS - 1) % WS], w_sm[(u + WS - 1) % WS], blk,
+                        (jw + k_off) % NS, jw < NS, NKT, NCH)  # fmt: skip
+                jx = i + XS - 1
+                _load_x(x_desc, x2_desc, x_bar[(u + XS - 1) % XS], x_sm[(u + XS - 1) % XS],
+                        x2_sm[(u + XS - 1) % XS], (jx + k_off) % NS, jx < NS, NCH, BLOCK_M,
+                        BLOCK_M2)  # fmt: skip
                 for c in gl.static_range(NCH):
-                    w_tile = w_sm.index(st).slice(c * BLOCK_N, BLOCK_N, 0)
+                    w_tile = w_sm[u % WS].slice(c * BLOCK_N, BLOCK_N, 0)
                     a = _weight_fragment(w_tile, W_LD, a_l, cdtype)
-                    xb = x_sm.index(st).slice(c * BK, BK, 1).permute((1, 0))
+                    xb = x_sm[u % XS].slice(c * BLOCK_M, BLOCK_M, 0).permute((1, 0))
                     acc = warpgroup_mma(a, xb, acc, is_async=True)
                     if BLOCK_M2 > 0:
                         a2 = gl.convert_layout(a, a2_l, assert_trivial=True)
-                        xb2 = x2_sm.index(st).slice(c * BK, BK, 1).permute((1, 0))
+                        xb2 = x2_sm[u % XS].slice(c * BM2, BM2, 0).permute((1, 0))
                         acc2 = warpgroup_mma(a2, xb2, acc2, is_async=True)
                         # at most this tile's products in flight: frees the last fragment
                         acc, acc2 = warpgroup_mma_wait(2, deps=[acc, acc2])
                     else:
                         acc = warpgroup_mma_wait(1, deps=[acc])
-                # the slot is refilled next step
+                # the slots are refilled next step
                 if BLOCK_M2 > 0:
                     acc, acc2 = warpgroup_mma_wait(0, deps=[acc, acc2])
                 else:
                     acc = warpgroup_mma_wait(0, deps=[acc])
-        async_copy.wait_group(0)
 
         store_scaled(
-            acc, s_ptr, b_ptr, o_ptr, pid, 0, M, N, stride_om, HAS_BIAS, BLOCK_N, BLOCK_M, NW
+            acc, s_ptr, b_ptr, o_ptr, blk, 0, M, N, stride_om, HAS_BIAS, BLOCK_N, BLOCK_M, NW
         )
         if BLOCK_M2 > 0:
             store_scaled(
-                acc2, s_ptr, b_ptr, o_ptr, pid, BLOCK_M, M, N, stride_om, HAS_BIAS, BLOCK_N,
+                acc2, s_ptr, b_ptr, o_ptr, blk, BLOCK_M, M, N, stride_om, HAS_BIAS, BLOCK_N,
                 BLOCK_M2, NW,
             )  # fmt: skip
