@@ -3,9 +3,12 @@
 One call does everything: device copy bandwidth (the floor's denominator), an optional config sweep
 (``--sweep``), correctness (relative error against a float64 product of the dequantised weight,
 poisoned output, bias, CUDA-graph capture, top-1 agreement with the bf16 head) and timing
-(``triton.testing.do_bench``, median) for every shape and M. Prints a table last and writes JSON to
-``--out`` (default ``$OUT/lmhead_bench.json``). Exits 1 when a correctness check fails; the speed
-targets are reported, not asserted.
+(``triton.testing.do_bench``, median, L2 flushed between calls) for every shape and M. The table's
+times are of one call captured in a CUDA graph and replayed (the GPU's time, as in vLLM's decode
+graphs), for the bf16 head and the int8 kernel alike; the eager times (Python's launch cost
+included) and the host time per call are in the log and the JSON. Prints a table last and writes
+JSON to ``--out`` (default ``$OUT/lmhead_bench.json``). Exits 1 when a correctness check fails;
+the speed targets are reported, not asserted.
 
     PYTHONUNBUFFERED=1 python3 benchmarks/lmhead_bench.py [--sweep [--gluon]]
 """
@@ -50,6 +53,33 @@ def bench(fn, rep_ms: float = 100.0, warmup_ms: float = 25.0) -> float:
     import triton.testing
 
     return float(triton.testing.do_bench(fn, warmup=warmup_ms, rep=rep_ms, return_mode="median"))
+
+
+def bench_graph(fn) -> float:
+    """``bench`` of one call of ``fn`` captured in a CUDA graph: the GPU's time for it without
+    the Python launch cost (vLLM replays its decode steps, lm-head included, from graphs). The
+    L2 flush between replays stays, as in ``bench``."""
+    fn()  # compile and warm up outside the capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    ms = bench(graph.replay)
+    del graph
+    return ms
+
+
+def host_ms_per_call(fn, calls: int = 100) -> float:
+    """Host (Python + launch) time of one eager call, from ``calls`` calls issued without
+    waiting for the GPU."""
+    fn()
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    host = (time.perf_counter() - t0) / calls * 1e3
+    torch.cuda.synchronize()
+    return host
 
 
 def copy_bandwidth(dev: torch.device) -> dict:
@@ -203,12 +233,10 @@ def sweep_wgmma(dev: torch.device, n: int, k: int) -> dict:
             if (out.float() - refs[m]).abs().max().item() > 0.05 or out.isnan().any().item():
                 log(f"sweep-wgmma: {name} gives different results at M={m}")
                 continue
-            res[name][m] = bench(
+            res[name][m] = bench_graph(
                 lambda c=cfg, x=x, q=q, s=s: int8_linear(
                     x, q, s, config=c, weight_layout=layout.WGMMA
-                ),
-                25,
-                5,
+                )
             )
         log(f"sweep-wgmma {name}: " + " ".join(f"M{m}={t:.4f}" for m, t in res[name].items()))
     del q, s
@@ -310,11 +338,15 @@ def run_shape(
                 f"unwritten {unwritten} outside {outside}"
             )
         del buf, ref
-        t_bf16 = bench(lambda x=x, w=w: torch.matmul(x, w.T))
-        t_int8 = bench(lambda x=x, q=q, s=s: int8_linear(x, q, s, weight_layout=lay))
+        # timed as graph replays (the GPU's time); the eager times include Python's launch cost
+        t_bf16 = bench_graph(lambda x=x, w=w: torch.matmul(x, w.T))
+        t_int8 = bench_graph(lambda x=x, q=q, s=s: int8_linear(x, q, s, weight_layout=lay))
+        t_bf16_eager = bench(lambda x=x, w=w: torch.matmul(x, w.T))
+        t_int8_eager = bench(lambda x=x, q=q, s=s: int8_linear(x, q, s, weight_layout=lay))
+        host_ms = host_ms_per_call(lambda x=x, q=q, s=s: int8_linear(x, q, s, weight_layout=lay))
         t_rows = None
         if compare_rows and lay != layout.ROWS:  # the plain layout's table, same inputs
-            t_rows = bench(lambda x=x, q=q0, s=s: int8_linear(x, q, s))
+            t_rows = bench_graph(lambda x=x, q=q0, s=s: int8_linear(x, q, s))
         ratio = t_int8 / floor_ms
         speedup = t_bf16 / t_int8
         tgt = FLOOR_TARGET.get(m)
@@ -324,6 +356,9 @@ def run_shape(
                 "M": m,
                 "bf16_ms": t_bf16,
                 "int8_ms": t_int8,
+                "bf16_eager_ms": t_bf16_eager,
+                "int8_eager_ms": t_int8_eager,
+                "int8_host_ms_per_call": host_ms,
                 "rows_layout_int8_ms": t_rows,
                 "speedup": speedup,
                 "int8_floor_ms": floor_ms,
@@ -340,7 +375,8 @@ def run_shape(
         )
         log(
             f"N={n} K={k} M={m:3d} bf16 {t_bf16:.4f} int8 {t_int8:.4f} x{speedup:.2f} "
-            f"floor x{ratio:.2f} rel {err:.2e} {'ok' if ok else 'FAIL'}"
+            f"floor x{ratio:.2f} rel {err:.2e} {'ok' if ok else 'FAIL'}; eager bf16 "
+            f"{t_bf16_eager:.4f} int8 {t_int8_eager:.4f}, host {host_ms:.4f} ms/call"
             + (f" (rows layout {t_rows:.4f})" if t_rows else "")
         )
     # CUDA-graph capture: capture at M=39, replay on new inputs.
@@ -460,14 +496,15 @@ def main() -> int:
         )
         log(
             f"{'M':>4} {'bf16 ms':>8} {'int8 ms':>8} {'speedup':>7} {'floor ms':>8} "
-            f"{'int8/floor':>10} {'rel err':>8} target"
+            f"{'int8/floor':>10} {'rel err':>8} target   (graph replays; eager bf16/int8)"
         )
         for r in sh["rows"]:
             tgt = f"x{SPEEDUP_TARGET}" + (f",{r['floor_target']}fl" if r["floor_target"] else "")
             log(
                 f"{r['M']:>4} {r['bf16_ms']:8.4f} {r['int8_ms']:8.4f} {r['speedup']:7.2f} "
                 f"{r['int8_floor_ms']:8.4f} {r['int8_over_floor']:10.3f} {r['rel_err']:8.1e} "
-                f"{'pass' if r['target_met'] else 'MISS'} ({tgt})"
+                f"{'pass' if r['target_met'] else 'MISS'} ({tgt})   "
+                f"{r['bf16_eager_ms']:.4f}/{r['int8_eager_ms']:.4f}"
             )
         for name, t in sh["top1"].items():
             log(

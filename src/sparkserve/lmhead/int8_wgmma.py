@@ -33,6 +33,7 @@ whether it imported. Measured on an H200: benchmarks/NOTES-lmhead.md, sessions 5
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from typing import Any
 
@@ -120,6 +121,7 @@ def fit_config(x2: torch.Tensor, k: int, cfg: WgmmaConfig) -> WgmmaConfig | None
     return None
 
 
+@functools.cache  # layouts are constexpr arguments: build them once, not on every call
 def weight_load_layout(block_n: int, num_warps: int = 4) -> Any:
     """Register layout of one [block_n, 64] weight tile as read from shared memory: thread
     (warp w, lane 4g + t) holds rows rep*16*num_warps + 16w + 8h + g and stored columns
@@ -139,13 +141,33 @@ def weight_load_layout(block_n: int, num_warps: int = 4) -> Any:
     )
 
 
+@functools.cache
 def _x_smem_layout() -> Any:
     return gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
 
 
+@functools.cache
 def _w_smem_layout() -> Any:
     # a warp's 16-byte reads cover 8 whole 64-byte rows: conflict-free without a swizzle
     return gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=8, rank=2)
+
+
+_W_DESCRIPTORS: dict[tuple[int, tuple[int, ...]], Any] = {}
+
+
+def _weight_descriptor(w_packed: torch.Tensor) -> Any:
+    """The tiled weight as rows of 64 bytes (tile (block b, step t) is rows (b * K/64 + t) *
+    128), described once per weight: the head's weight lives as long as the server."""
+    key = (w_packed.data_ptr(), tuple(w_packed.shape))
+    desc = _W_DESCRIPTORS.get(key)
+    if desc is None:
+        if len(_W_DESCRIPTORS) >= 8:  # weights come and go only in tests and benchmarks
+            _W_DESCRIPTORS.clear()
+        desc = TensorDescriptor.from_tensor(
+            w_packed.view(-1, PERM_CHUNK), [TILE_ROWS, PERM_CHUNK], _w_smem_layout()
+        )
+        _W_DESCRIPTORS[key] = desc
+    return desc
 
 
 def wgmma_int8_linear(
@@ -167,10 +189,7 @@ def wgmma_int8_linear(
     # the second accumulator's x rows start at block_m; its box is unused (but must be valid)
     # when there is none
     x2_desc = TensorDescriptor.from_tensor(x2, [max(block_m2, 8), PERM_CHUNK], _x_smem_layout())
-    # the tiled weight as rows of 64 bytes: tile (block b, step t) is rows (b * K/64 + t) * 128
-    w_desc = TensorDescriptor.from_tensor(
-        w_packed.view(-1, PERM_CHUNK), [TILE_ROWS, PERM_CHUNK], _w_smem_layout()
-    )
+    w_desc = _weight_descriptor(w_packed)
     x_stages = cfg.x_stages or cfg.stages
     grid = (w_packed.shape[0] // TILE_ROWS,)
     with torch.cuda.device(x2.device):
