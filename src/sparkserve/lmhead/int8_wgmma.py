@@ -104,14 +104,15 @@ def fit_config(x2: torch.Tensor, k: int, cfg: WgmmaConfig) -> WgmmaConfig | None
     """``cfg``, with its ring depths changed where their least common multiple does not divide
     K's steps (3 weight stages over K=2048's 32 steps become 4); None where the kernel cannot run
     at all."""
+    if not (HAS_WGMMA and x2.is_cuda and x2.dtype in (torch.bfloat16, torch.float16)):
+        return None
+    return _fit(x2.shape[0], k, cfg)
+
+
+@functools.lru_cache(maxsize=1024)  # called on every step: keep the host's work small
+def _fit(m: int, k: int, cfg: WgmmaConfig) -> WgmmaConfig | None:
     step = PERM_CHUNK * cfg.chunks
-    if not (
-        HAS_WGMMA
-        and x2.is_cuda
-        and x2.dtype in (torch.bfloat16, torch.float16)
-        and 1 <= x2.shape[0] <= MAX_M
-        and k % step == 0
-    ):
+    if not (1 <= m <= MAX_M and k % step == 0):
         return None
     nk = k // step
     x_stages = cfg.x_stages or cfg.stages
@@ -186,9 +187,12 @@ def wgmma_int8_linear(
         x2 = x2.contiguous().clone()  # a fresh allocation is 16-byte aligned
     block_m, block_m2 = column_blocks(m, cfg)
     x_desc = TensorDescriptor.from_tensor(x2, [block_m, PERM_CHUNK], _x_smem_layout())
-    # the second accumulator's x rows start at block_m; its box is unused (but must be valid)
-    # when there is none
-    x2_desc = TensorDescriptor.from_tensor(x2, [max(block_m2, 8), PERM_CHUNK], _x_smem_layout())
+    # the second accumulator's x rows start at block_m (without one, the kernel never reads it)
+    x2_desc = (
+        TensorDescriptor.from_tensor(x2, [block_m2, PERM_CHUNK], _x_smem_layout())
+        if block_m2
+        else x_desc
+    )
     w_desc = _weight_descriptor(w_packed)
     x_stages = cfg.x_stages or cfg.stages
     grid = (w_packed.shape[0] // TILE_ROWS,)
