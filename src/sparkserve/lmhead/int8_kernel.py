@@ -13,9 +13,10 @@ transposed ``W @ x.T``; ``"gluon"`` (33 to 48 rows) is the explicit-layout Gluon
 ``int8_gluon``; ``"wgmma"`` is the Hopper kernel of ``int8_wgmma``, which needs the weight in
 ``layout.WGMMA``. Launch configurations come from fixed tables indexed by M (``CONFIG_TABLE`` for
 the ``rows`` layout, ``WGMMA_TABLE`` for ``wgmma``); nothing is autotuned at run time and nothing
-is synchronised with the host. Besides the output, the only allocation is a gathered copy of x
-when Triton reads the ``wgmma`` layout (more than 64 rows, or the fallback), so the call can be
-captured in a CUDA graph (after one warm-up call has compiled the kernel).
+is synchronised with the host. Besides the output, the only allocations are a gathered copy of x
+when Triton reads the ``wgmma`` layout (more than 64 rows, or the fallback) and a copy of an x
+whose address TMA cannot use (not 16-byte aligned), so the call can be captured in a CUDA graph
+(after one warm-up call has compiled the kernel).
 
 Everything else (CPU tensors, fp32 activations, no Triton) takes a torch path that dequantises the
 weight in row chunks, so it never holds more than ``chunk_bytes`` of fp32 weight at once.
