@@ -231,6 +231,7 @@ def test_a_memory_hog_flips_the_verdict_to_fail_at_its_moment(
         if line.startswith("[stress] c=1:"):
             break
     time.sleep(0.5)
+    started = time.time()
     hog = subprocess.run(
         [sys.executable, "-c", _hog(hog_bytes, 2.0)], capture_output=True, text=True, check=True
     )
@@ -242,7 +243,10 @@ def test_a_memory_hog_flips_the_verdict_to_fail_at_its_moment(
     result = _check_outputs(out)
     verdict = result["verdict"]
     worst_epoch = result["t0_epoch"] + verdict["worst_t"]
-    assert touched - 1.0 <= worst_epoch <= exited + 0.3, (touched, worst_epoch, exited)
+    # the worst moment lies in the hog's life; not necessarily after its last page was touched:
+    # touching 2 GiB can take over a second on a loaded machine, and other processes move
+    # MemAvailable by tens of MiB meanwhile
+    assert started <= worst_epoch <= exited + 0.3, (started, touched, worst_epoch, exited)
     assert verdict["min_available_gib"] < reserve
     assert result["status"] == "FAIL"
 
