@@ -196,6 +196,18 @@ def test_stress_passes_and_samples_at_its_rate(
     assert any(r["kv_usage"] not in ("", None) for r in csv.DictReader((out / "stress.csv").open()))
 
 
+def _start_stress_until_first_level(argv: list[str]) -> tuple[subprocess.Popen[str], list[str]]:
+    """Start a stress run and return once it reports its first level (with the stderr so far)."""
+    stress = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert stress.stderr is not None
+    lines: list[str] = []
+    for line in stress.stderr:
+        lines.append(line)
+        if line.startswith("[stress] c=1:"):
+            break
+    return stress, lines
+
+
 def _hog(size: int, hold_s: float) -> str:
     return (
         "import sys, time\n"
@@ -217,19 +229,12 @@ def test_a_memory_hog_flips_the_verdict_to_fail_at_its_moment(
     hog_bytes = 2 * 1024**3
     reserve = available - 1.0  # the hog takes 2 GiB: MemAvailable must fall under this
     out = tmp_path / "hog"
-    stress = subprocess.Popen(
+    stress, lines = _start_stress_until_first_level(
         [sys.executable, "-m", "sparkserve", *stress_argv(
             shared_server, out, "--bank", "1,2", "--prompt-tokens", "512", "--gen-tokens",
             "400", "--os-reserve-gb", f"{reserve:.3f}",
-        )],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        )]
     )  # fmt: skip
-    assert stress.stderr is not None
-    lines: list[str] = []
-    for line in stress.stderr:
-        lines.append(line)
-        if line.startswith("[stress] c=1:"):
-            break
     time.sleep(0.5)
     started = time.time()
     hog = subprocess.run(
@@ -254,17 +259,12 @@ def test_a_memory_hog_flips_the_verdict_to_fail_at_its_moment(
 @pytest.mark.e2e
 def test_sigint_writes_partial_results(shared_server: VllmServer, tmp_path: Path) -> None:
     out = tmp_path / "sigint"
-    stress = subprocess.Popen(
+    stress, _ = _start_stress_until_first_level(
         [str(REPO / "scripts" / "stress_mem.sh"), *stress_argv(
             shared_server, out, "--bank", "1,2", "--prompt-tokens", "512", "--gen-tokens",
             "3000", "--os-reserve-gb", "0.5",
-        )[1:]],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        )[1:]]
     )  # fmt: skip
-    assert stress.stderr is not None
-    for line in stress.stderr:
-        if line.startswith("[stress] c=1:"):
-            break
     time.sleep(1.5)
     stress.send_signal(signal.SIGINT)
     stdout, stderr = stress.communicate(timeout=60)
@@ -326,17 +326,12 @@ def test_server_stopped_mid_run_keeps_what_was_measured(
     try:
         server.wait_healthy(timeout_s=300)
         out = tmp_path / "stopped"
-        stress = subprocess.Popen(
+        stress, _ = _start_stress_until_first_level(
             [sys.executable, "-m", "sparkserve", *stress_argv(
                 server, out, "--bank", "1,2", "--prompt-tokens", "512", "--gen-tokens",
                 "3000", "--os-reserve-gb", "0.5",
-            )],
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            )]
         )  # fmt: skip
-        assert stress.stderr is not None
-        for line in stress.stderr:
-            if line.startswith("[stress] c=1:"):
-                break
         time.sleep(1.5)
         stopper = threading.Thread(target=server.stop, kwargs={"timeout_s": 30})
         stopper.start()
