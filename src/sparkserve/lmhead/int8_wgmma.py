@@ -55,6 +55,7 @@ try:
 
     from .gluon_epilogue import store_scaled
 
+    _barrier = getattr(gl, "barrier", None) or gl.thread_barrier  # renamed in Triton 3.7
     HAS_WGMMA = True
 except Exception:  # pragma: no cover - depends on the Triton version
     gluon = None
@@ -254,9 +255,12 @@ if HAS_WGMMA:
         return bars
 
     @gluon.jit
-    def _load_w(w_desc, bar, dst, blk, t, pred, NKT: gl.constexpr, NCH: gl.constexpr):
-        """Weight step t (NCH tiles) of row block blk into dst, counted on bar."""
-        mbarrier.expect(bar, NCH * 128 * 64, pred=pred)
+    def _load_w(w_desc, bar, dst, blk, t, pred, NKT: gl.constexpr, NCH: gl.constexpr,
+                EXPECT: gl.constexpr = True):  # fmt: skip
+        """Weight step t (NCH tiles) of row block blk into dst, counted on bar (EXPECT: the
+        bytes are announced here, not by the caller)."""
+        if EXPECT:
+            mbarrier.expect(bar, NCH * 128 * 64, pred=pred)
         for c in gl.static_range(NCH):
             row = (blk * NKT + t * NCH + c) * 128
             tma.async_copy_global_to_shared(
@@ -265,9 +269,10 @@ if HAS_WGMMA:
 
     @gluon.jit
     def _load_x(x_desc, x2_desc, bar, dst, dst2, t, pred, NCH: gl.constexpr, BM: gl.constexpr,
-                BM2: gl.constexpr):  # fmt: skip
+                BM2: gl.constexpr, EXPECT: gl.constexpr = True):  # fmt: skip
         """x step t: NCH tiles of BM rows (and of BM2 rows from row BM) into dst (dst2)."""
-        mbarrier.expect(bar, NCH * (BM + BM2) * 64 * 2, pred=pred)  # bf16 / fp16
+        if EXPECT:
+            mbarrier.expect(bar, NCH * (BM + BM2) * 64 * 2, pred=pred)  # bf16 / fp16
         for c in gl.static_range(NCH):
             col = (t * NCH + c) * 64
             tma.async_copy_global_to_shared(
@@ -277,6 +282,16 @@ if HAS_WGMMA:
                 tma.async_copy_global_to_shared(
                     x2_desc, [BM, col], bar, dst2.slice(c * BM2, BM2, 0), pred=pred
                 )
+
+    @gluon.jit
+    def _load_step(w_desc, x_desc, x2_desc, bar, w_dst, x_dst, x2_dst, blk, t, pred,
+                   NKT: gl.constexpr, NCH: gl.constexpr, BM: gl.constexpr,
+                   BM2: gl.constexpr):  # fmt: skip
+        """Weight and x of step t counted on one barrier: one byte count announced for both
+        (Triton puts a CTA barrier between each announcement and its copies)."""
+        mbarrier.expect(bar, NCH * 64 * (128 + (BM + BM2) * 2), pred=pred)
+        _load_w(w_desc, bar, w_dst, blk, t, pred, NKT, NCH, False)
+        _load_x(x_desc, x2_desc, bar, x_dst, x2_dst, t, pred, NCH, BM, BM2, False)
 
     @gluon.jit(do_not_specialize=["M"])
     def _int8_wgmma_kernel(
@@ -321,8 +336,12 @@ if HAS_WGMMA:
             x2_sm = _ring(cdtype, [NCH * BM2, 64], x_sl, XS)
         else:
             x2_sm = x_sm  # never read
+        ONE_BAR: gl.constexpr = WS == XS  # equal rings: one barrier per step counts both
         w_bar = _bars(WS)
-        x_bar = _bars(XS)
+        if ONE_BAR:  # noqa: SIM108 (a static branch in Gluon)
+            x_bar = w_bar
+        else:
+            x_bar = _bars(XS)
         fence_async_shared()  # barrier initialisation -> the TMA unit
 
         blk = gl.program_id(0)
@@ -330,27 +349,39 @@ if HAS_WGMMA:
         # STAGGER: program p walks K starting at step p % NS (and wraps), so that the programs
         # running at one time do not all read the same offset of their row blocks
         k_off = blk % NS if STAGGER else 0
-        for s in gl.static_range(WS - 1):  # prologue: the first steps in flight
-            _load_w(w_desc, w_bar[s], w_sm[s], blk, (s + k_off) % NS, True, NKT, NCH)
-        for s in gl.static_range(XS - 1):
-            _load_x(x_desc, x2_desc, x_bar[s], x_sm[s], x2_sm[s], (s + k_off) % NS, True, NCH,
-                    BLOCK_M, BLOCK_M2)  # fmt: skip
+        if ONE_BAR:
+            for s in gl.static_range(WS - 1):  # prologue: the first steps in flight
+                _load_step(w_desc, x_desc, x2_desc, w_bar[s], w_sm[s], x_sm[s], x2_sm[s], blk,
+                           (s + k_off) % NS, True, NKT, NCH, BLOCK_M, BLOCK_M2)  # fmt: skip
+        else:
+            for s in gl.static_range(WS - 1):
+                _load_w(w_desc, w_bar[s], w_sm[s], blk, (s + k_off) % NS, True, NKT, NCH)
+            for s in gl.static_range(XS - 1):
+                _load_x(x_desc, x2_desc, x_bar[s], x_sm[s], x2_sm[s], (s + k_off) % NS, True,
+                        NCH, BLOCK_M, BLOCK_M2)  # fmt: skip
         acc = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, mma)
         acc2 = gl.zeros([BLOCK_N, BM2], gl.float32, mma2)
         for i0 in range(0, NS, UNROLL):
             for u in gl.static_range(UNROLL):
                 i = i0 + u
                 mbarrier.wait(w_bar[u % WS], (i // WS) & 1)
-                mbarrier.wait(x_bar[u % XS], (i // XS) & 1)
-                gl.thread_barrier()  # everyone is done with step i - 1's slots
+                if not ONE_BAR:
+                    mbarrier.wait(x_bar[u % XS], (i // XS) & 1)
+                _barrier()  # everyone is done with step i - 1's slots
                 fence_async_shared()  # ... and with them in the generic proxy, before TMA writes
                 jw = i + WS - 1  # refill the slots step i - 1 used
-                _load_w(w_desc, w_bar[(u + WS - 1) % WS], w_sm[(u + WS - 1) % WS], blk,
-                        (jw + k_off) % NS, jw < NS, NKT, NCH)  # fmt: skip
                 jx = i + XS - 1
-                _load_x(x_desc, x2_desc, x_bar[(u + XS - 1) % XS], x_sm[(u + XS - 1) % XS],
-                        x2_sm[(u + XS - 1) % XS], (jx + k_off) % NS, jx < NS, NCH, BLOCK_M,
-                        BLOCK_M2)  # fmt: skip
+                if ONE_BAR:
+                    _load_step(w_desc, x_desc, x2_desc, w_bar[(u + WS - 1) % WS],
+                               w_sm[(u + WS - 1) % WS], x_sm[(u + WS - 1) % WS],
+                               x2_sm[(u + WS - 1) % WS], blk, (jw + k_off) % NS, jw < NS, NKT,
+                               NCH, BLOCK_M, BLOCK_M2)  # fmt: skip
+                else:
+                    _load_w(w_desc, w_bar[(u + WS - 1) % WS], w_sm[(u + WS - 1) % WS], blk,
+                            (jw + k_off) % NS, jw < NS, NKT, NCH)  # fmt: skip
+                    _load_x(x_desc, x2_desc, x_bar[(u + XS - 1) % XS], x_sm[(u + XS - 1) % XS],
+                            x2_sm[(u + XS - 1) % XS], (jx + k_off) % NS, jx < NS, NCH, BLOCK_M,
+                            BLOCK_M2)  # fmt: skip
                 for c in gl.static_range(NCH):
                     w_tile = w_sm[u % WS].slice(c * BLOCK_N, BLOCK_N, 0)
                     a = _weight_fragment(w_tile, W_LD, a_l, cdtype)
