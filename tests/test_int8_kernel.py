@@ -257,6 +257,32 @@ def test_triton_in_cuda_graph() -> None:
     assert not torch.equal(captured, eager)
 
 
+def test_fewer_stages_stops_at_two() -> None:
+    cfg = KernelConfig("mmab", 16, 128, 128, 4, 4, split_m=2)
+    assert int8_kernel.fewer_stages(cfg) == KernelConfig("mmab", 16, 128, 128, 4, 3, split_m=2)
+    assert int8_kernel.fewer_stages(KernelConfig("mmab", 16, 128, 128, 4, 2)) is None
+
+
+@cuda_only
+def test_a_config_too_deep_for_the_gpu_runs_with_fewer_stages(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    # 64 x 128 x 2 + 128 x 128 bytes per stage: 8 stages need 256 KiB, more than any GPU lets one
+    # block use (227 KiB on an H200, 99 KiB on the Spark)
+    monkeypatch.setattr(int8_kernel, "_FITTED", {})
+    dev = torch.device("cuda")
+    n, k, m = 1000, 1024, 64
+    q, scale = quantize_rows_int8((torch.randn(n, k, device=dev) * 0.02).to(torch.bfloat16))
+    x = torch.randn(m, k, device=dev, dtype=torch.bfloat16)
+    deep = KernelConfig("mmab", 64, 128, 128, 4, 8)
+    with caplog.at_level("INFO", logger="vllm.sparkserve.lmhead"):
+        out = int8_linear(x, q, scale, config=deep)
+    assert _rel_err(out, _reference(x, q, scale)) < 1e-2
+    (fitted,) = int8_kernel._FITTED.values()
+    assert 2 <= fitted.num_stages < deep.num_stages
+    assert "8 stages do not fit this GPU" in caplog.text
+
+
 def test_a_failing_gluon_kernel_switches_to_triton_for_good(
     monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -40,7 +40,13 @@ except Exception:  # pragma: no cover - depends on the Triton version
     _barrier = None
     HAS_GLUON = False
 
-__all__ = ["HAS_GLUON", "GluonConfig", "gluon_int8_linear", "gluon_supported"]
+__all__ = [
+    "HAS_GLUON",
+    "GluonConfig",
+    "gluon_int8_linear",
+    "gluon_supported",
+    "launch_constexprs",
+]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -116,6 +122,29 @@ def _layout_ok(m: int, cfg: GluonConfig) -> bool:
     )
 
 
+def launch_constexprs(m: int, cfg: GluonConfig, has_bias: bool) -> dict[str, Any]:
+    """The kernel's compile-time arguments for ``m`` rows (also used to compile it without a
+    GPU in the tests)."""
+    block_m, block_m2 = column_blocks(m, cfg)
+    nks = cfg.block_k // cfg.k_slice
+    w0 = min(cfg.num_warps, nks)
+    return {
+        "HAS_BIAS": has_bias,
+        "BLOCK_N": cfg.block_n,
+        "BLOCK_M": block_m,
+        "BLOCK_M2": block_m2,
+        "BLOCK_K": cfg.block_k,
+        "KS": cfg.k_slice,
+        "NKS": nks,
+        "KW": cfg.k_width,
+        "W0": w0,
+        "W1": cfg.num_warps // w0,
+        "NW": cfg.num_warps,
+        "WM": cfg.warps_m,
+        "STAGES": cfg.stages,
+    }
+
+
 def gluon_int8_linear(
     x2: torch.Tensor,
     w_int8: torch.Tensor,
@@ -133,10 +162,6 @@ def gluon_int8_linear(
     scale = scale.to(dtype=torch.float32).contiguous()
     if bias is not None:
         bias = bias.contiguous()
-    block_m, block_m2 = column_blocks(m, cfg)
-    ks = cfg.k_slice
-    nks = cfg.block_k // ks
-    w0 = min(cfg.num_warps, nks)
     grid = ((n + cfg.block_n - 1) // cfg.block_n,)
     with torch.cuda.device(x2.device):
         return _int8_gluon_kernel[grid](
@@ -151,19 +176,7 @@ def gluon_int8_linear(
             x2.stride(0),
             w_int8.stride(0),
             out.stride(0),
-            HAS_BIAS=bias is not None,
-            BLOCK_N=cfg.block_n,
-            BLOCK_M=block_m,
-            BLOCK_M2=block_m2,
-            BLOCK_K=cfg.block_k,
-            KS=ks,
-            NKS=nks,
-            KW=cfg.k_width,
-            W0=w0,
-            W1=cfg.num_warps // w0,
-            NW=cfg.num_warps,
-            WM=cfg.warps_m,
-            STAGES=cfg.stages,
+            **launch_constexprs(m, cfg, bias is not None),
             num_warps=cfg.num_warps,
         )
 

@@ -51,7 +51,9 @@ __all__ = [
     "HAS_TRITON",
     "KernelConfig",
     "dequantize_rows_int8",
+    "fewer_stages",
     "int8_linear",
+    "launch_constexprs",
     "quantize_rows_int8",
     "select_config",
 ]
@@ -400,16 +402,7 @@ def _triton_int8_linear(
         bias = bias.contiguous()
     grid = (triton.cdiv(m, cfg.rows_per_program) * triton.cdiv(n, cfg.block_n),)
     kernel: Any = _int8_mma_kernel if cfg.kind == "mma" else _int8_mmab_kernel
-    extra = (
-        {}
-        if cfg.kind == "mma"
-        else {
-            "SPLIT_M": cfg.split_m,
-            "MMA_V2": cfg.mma_v2,
-            "ASM_CVT": cfg.asm_cvt and x2.dtype == torch.bfloat16,
-            "TILED": tiled,
-        }
-    )
+    constexprs = launch_constexprs(cfg, k, bias is not None, x2.dtype == torch.bfloat16, tiled)
     # DISABLE_MMA_V3 is read by Triton's compiler (and is part of its disk-cache key); MMA_V2, a
     # constexpr the kernel ignores, keeps the two compilations apart in the in-memory cache. The
     # variable is set only around this launch, so other Triton kernels are unaffected.
@@ -419,7 +412,7 @@ def _triton_int8_linear(
     elif saved is not None:
         del os.environ["DISABLE_MMA_V3"]
     try:
-        return _launch(kernel, grid, x2, w_int8, scale, bias, out, m, n, k, cfg, extra)
+        return _launch_fitted(kernel, grid, x2, w_int8, scale, bias, out, m, n, k, cfg, constexprs)
     finally:
         if saved is None:
             os.environ.pop("DISABLE_MMA_V3", None)
@@ -427,7 +420,65 @@ def _triton_int8_linear(
             os.environ["DISABLE_MMA_V3"] = saved
 
 
-def _launch(kernel, grid, x2, w_int8, scale, bias, out, m, n, k, cfg, extra):
+def launch_constexprs(
+    cfg: KernelConfig, k: int, has_bias: bool, bf16: bool, tiled: bool
+) -> dict[str, Any]:
+    """The Triton kernels' compile-time arguments (also used to compile them without a GPU in
+    the tests); ``bf16``: the activations are bf16, ``tiled``: the weight is in the wgmma
+    layout."""
+    constexprs: dict[str, Any] = {
+        "HAS_BIAS": has_bias,
+        "EVEN_K": k % cfg.block_k == 0,
+        "BLOCK_M": cfg.block_m,
+        "BLOCK_N": cfg.block_n,
+        "BLOCK_K": cfg.block_k,
+    }
+    if cfg.kind != "mma":
+        constexprs.update(
+            SPLIT_M=cfg.split_m, MMA_V2=cfg.mma_v2, ASM_CVT=cfg.asm_cvt and bf16, TILED=tiled
+        )
+    return constexprs
+
+
+def fewer_stages(cfg: KernelConfig) -> KernelConfig | None:
+    """``cfg`` one pipeline stage shallower (less shared memory), or None at two stages. The
+    tables were tuned on an H200 (227 KiB of shared memory per block); sm_12x parts such as the
+    Spark's GB10 allow 99 KiB, where the 17-32-row entry's four stages (104 KiB) do not fit."""
+    return dataclasses.replace(cfg, num_stages=cfg.num_stages - 1) if cfg.num_stages > 2 else None
+
+
+# (config, device index) -> the config that fits that device's shared memory
+_FITTED: dict[tuple[KernelConfig, int], KernelConfig] = {}
+
+
+def _launch_fitted(kernel, grid, x2, w_int8, scale, bias, out, m, n, k, cfg, constexprs):
+    """``_launch``, with as many stages of ``cfg`` as the device's shared memory holds: Triton
+    raises OutOfResources before running anything, so a shallower retry is safe (vLLM computes
+    the logits outside its CUDA graphs, so this also holds for the first call of a new M)."""
+    key = (cfg, x2.device.index or 0)
+    fitted = _FITTED.get(key, cfg)
+    while True:
+        try:
+            result = _launch(
+                kernel, grid, x2, w_int8, scale, bias, out, m, n, k, fitted, constexprs
+            )
+        except triton.runtime.errors.OutOfResources as error:
+            shallower = fewer_stages(fitted)
+            if shallower is None:
+                raise
+            logging.getLogger("vllm.sparkserve.lmhead").info(
+                "sparkserve int8 lm-head: %s stages do not fit this GPU (%s); trying %s",
+                fitted.num_stages,
+                str(error).splitlines()[0],
+                shallower.num_stages,
+            )
+            fitted = shallower
+            continue
+        _FITTED[key] = fitted
+        return result
+
+
+def _launch(kernel, grid, x2, w_int8, scale, bias, out, m, n, k, cfg, constexprs):
     with torch.cuda.device(x2.device):
         return kernel[grid](
             x2,
@@ -441,14 +492,9 @@ def _launch(kernel, grid, x2, w_int8, scale, bias, out, m, n, k, cfg, extra):
             x2.stride(0),
             w_int8.stride(0),
             out.stride(0),
-            HAS_BIAS=bias is not None,
-            EVEN_K=k % cfg.block_k == 0,
-            BLOCK_M=cfg.block_m,
-            BLOCK_N=cfg.block_n,
-            BLOCK_K=cfg.block_k,
             num_warps=cfg.num_warps,
             num_stages=cfg.num_stages,
-            **extra,
+            **constexprs,
         )
 
 

@@ -68,7 +68,10 @@ __all__ = [
     "WgmmaConfig",
     "column_blocks",
     "fit_config",
+    "launch_constexprs",
+    "w_smem_layout",
     "wgmma_int8_linear",
+    "x_smem_layout",
 ]
 
 MAX_M = 64  # one program holds every x column in its accumulators
@@ -144,12 +147,12 @@ def weight_load_layout(block_n: int, num_warps: int = 4) -> Any:
 
 
 @functools.cache
-def _x_smem_layout() -> Any:
+def x_smem_layout() -> Any:
     return gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
 
 
 @functools.cache
-def _w_smem_layout() -> Any:
+def w_smem_layout() -> Any:
     # a warp's 16-byte reads cover 8 whole 64-byte rows: conflict-free without a swizzle
     return gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=8, rank=2)
 
@@ -166,10 +169,29 @@ def _weight_descriptor(w_packed: torch.Tensor) -> Any:
         if len(_W_DESCRIPTORS) >= 8:  # weights come and go only in tests and benchmarks
             _W_DESCRIPTORS.clear()
         desc = TensorDescriptor.from_tensor(
-            w_packed.view(-1, PERM_CHUNK), [TILE_ROWS, PERM_CHUNK], _w_smem_layout()
+            w_packed.view(-1, PERM_CHUNK), [TILE_ROWS, PERM_CHUNK], w_smem_layout()
         )
         _W_DESCRIPTORS[key] = desc
     return desc
+
+
+def launch_constexprs(m: int, k: int, cfg: WgmmaConfig, has_bias: bool) -> dict[str, Any]:
+    """The kernel's compile-time arguments for ``m`` rows and ``k`` columns (also used to compile
+    it without a GPU in the tests)."""
+    block_m, block_m2 = column_blocks(m, cfg)
+    x_stages = cfg.x_stages or cfg.stages
+    return {
+        "HAS_BIAS": has_bias,
+        "BLOCK_M": block_m,
+        "BLOCK_M2": block_m2,
+        "NKT": k // PERM_CHUNK,
+        "WS": cfg.stages,
+        "XS": x_stages,
+        "UNROLL": math.lcm(cfg.stages, x_stages),
+        "NCH": cfg.chunks,
+        "W_LD": weight_load_layout(TILE_ROWS),
+        "STAGGER": cfg.stagger,
+    }
 
 
 def wgmma_int8_linear(
@@ -187,15 +209,14 @@ def wgmma_int8_linear(
     if not _fits_tma(x2):
         x2 = x2.contiguous().clone()  # a fresh allocation is 16-byte aligned
     block_m, block_m2 = column_blocks(m, cfg)
-    x_desc = TensorDescriptor.from_tensor(x2, [block_m, PERM_CHUNK], _x_smem_layout())
+    x_desc = TensorDescriptor.from_tensor(x2, [block_m, PERM_CHUNK], x_smem_layout())
     # the second accumulator's x rows start at block_m (without one, the kernel never reads it)
     x2_desc = (
-        TensorDescriptor.from_tensor(x2, [block_m2, PERM_CHUNK], _x_smem_layout())
+        TensorDescriptor.from_tensor(x2, [block_m2, PERM_CHUNK], x_smem_layout())
         if block_m2
         else x_desc
     )
     w_desc = _weight_descriptor(w_packed)
-    x_stages = cfg.x_stages or cfg.stages
     grid = (w_packed.shape[0] // TILE_ROWS,)
     with torch.cuda.device(x2.device):
         return _int8_wgmma_kernel[grid](
@@ -208,16 +229,7 @@ def wgmma_int8_linear(
             m,
             n,
             out.stride(0),
-            HAS_BIAS=bias is not None,
-            BLOCK_M=block_m,
-            BLOCK_M2=block_m2,
-            NKT=k // PERM_CHUNK,
-            WS=cfg.stages,
-            XS=x_stages,
-            UNROLL=math.lcm(cfg.stages, x_stages),
-            NCH=cfg.chunks,
-            W_LD=weight_load_layout(TILE_ROWS),
-            STAGGER=cfg.stagger,
+            **launch_constexprs(m, k, cfg, bias is not None),
             num_warps=4,
         )
 
