@@ -52,6 +52,10 @@ COPY pyproject.toml README.md ./
 COPY src ./src
 RUN pip install --no-deps --no-build-isolation . && sparkserve --version
 
+# The int8 lm-head kernels compile for the Spark (sm_121) with the Triton just installed and fit
+# a GB10 block's shared memory: a Triton whose API moved stops the build, not the first request.
+RUN python -m sparkserve.lmhead.compile_check --arch 121
+
 # Build-time patches: each applies, finds vLLM already fixed, or stops the build on code it
 # does not recognise (exit 3); then --check proves the installed vLLM needs nothing more.
 COPY patch_prefix_align.py ./

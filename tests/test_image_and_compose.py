@@ -147,6 +147,9 @@ def test_dockerfile_builds_what_the_project_pins() -> None:
     assert "python3.12" in text
     assert "pip install --require-hashes --no-deps -r spark-aarch64.lock" in text
     assert "RUN python patch_prefix_align.py && python patch_prefix_align.py --check" in text
+    # the Spark's kernels compile with the image's Triton, after the package is installed
+    check = text.index("RUN python -m sparkserve.lmhead.compile_check --arch 121")
+    assert check > text.index("RUN pip install --no-deps --no-build-isolation .")
     assert 'ENTRYPOINT ["/opt/sparkserve/serve.sh"]' in text
     assert "HEALTHCHECK" in text and "/health" in text
     copied = " ".join(re.findall(r"^COPY (.+)$", text, re.M))
