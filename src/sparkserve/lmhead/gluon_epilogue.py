@@ -58,3 +58,31 @@ if HAS_GLUON:
         )
         o_mask = gl.expand_dims(offs_om2 < M, 0) & gl.expand_dims(offs_on2 < N, 1)
         gl.store(o_ptrs, y, mask=o_mask)
+
+    @gluon.jit
+    def store_split(
+        acc,
+        acc2,
+        s_ptr,
+        b_ptr,
+        o_ptr,
+        pid,
+        M,
+        N,
+        stride_om,
+        HAS_BIAS: gl.constexpr,
+        BLOCK_N: gl.constexpr,
+        BLOCK_M: gl.constexpr,
+        BLOCK_M2: gl.constexpr,
+        NW: gl.constexpr,
+    ):
+        """``store_scaled`` of x columns 0 .. BLOCK_M from ``acc`` and, where BLOCK_M2 > 0, of
+        the next BLOCK_M2 columns from ``acc2`` (M split as, e.g., 32 + 8)."""
+        store_scaled(
+            acc, s_ptr, b_ptr, o_ptr, pid, 0, M, N, stride_om, HAS_BIAS, BLOCK_N, BLOCK_M, NW
+        )
+        if BLOCK_M2 > 0:
+            store_scaled(
+                acc2, s_ptr, b_ptr, o_ptr, pid, BLOCK_M, M, N, stride_om, HAS_BIAS, BLOCK_N,
+                BLOCK_M2, NW,
+            )  # fmt: skip

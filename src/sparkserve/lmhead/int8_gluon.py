@@ -28,7 +28,7 @@ try:
     from triton.experimental.gluon import language as gl
     from triton.experimental.gluon.language.nvidia.ampere import async_copy, mma_v2
 
-    from .gluon_epilogue import store_scaled
+    from .gluon_epilogue import store_split
 
     _barrier = getattr(gl, "barrier", None) or gl.thread_barrier
     HAS_GLUON = True
@@ -284,8 +284,10 @@ if HAS_GLUON:
                 async_copy.async_copy_global_to_shared(x2_sm.index(st), x2_ptrs + st * BLOCK_K)
             async_copy.commit_group()
         acc = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, mma)
-        if BLOCK_M2 > 0:
+        if BLOCK_M2 > 0:  # noqa: SIM108 (a static branch in Gluon)
             acc2 = gl.zeros([BLOCK_N, BLOCK_M2], gl.float32, mma)
+        else:
+            acc2 = acc  # never updated nor stored
         for i0 in range(0, nk, STAGES):
             for st in gl.static_range(STAGES):
                 async_copy.wait_group(STAGES - 2)  # tile i0+st has landed (this thread's copies)
@@ -312,11 +314,7 @@ if HAS_GLUON:
                         acc2 = mma_v2(a, xb2, acc2)
         async_copy.wait_group(0)
 
-        store_scaled(
-            acc, s_ptr, b_ptr, o_ptr, pid, 0, M, N, stride_om, HAS_BIAS, BLOCK_N, BLOCK_M, NW
-        )
-        if BLOCK_M2 > 0:
-            store_scaled(
-                acc2, s_ptr, b_ptr, o_ptr, pid, BLOCK_M, M, N, stride_om, HAS_BIAS, BLOCK_N,
-                BLOCK_M2, NW,
-            )  # fmt: skip
+        store_split(
+            acc, acc2, s_ptr, b_ptr, o_ptr, pid, M, N, stride_om, HAS_BIAS, BLOCK_N, BLOCK_M,
+            BLOCK_M2, NW,
+        )  # fmt: skip

@@ -53,7 +53,7 @@ try:
     )
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
-    from .gluon_epilogue import store_scaled
+    from .gluon_epilogue import store_split
 
     _barrier = getattr(gl, "barrier", None) or gl.thread_barrier  # renamed in Triton 3.7
     HAS_WGMMA = True
@@ -413,11 +413,7 @@ if HAS_WGMMA:
                 else:
                     acc = warpgroup_mma_wait(0, deps=[acc])
 
-        store_scaled(
-            acc, s_ptr, b_ptr, o_ptr, blk, 0, M, N, stride_om, HAS_BIAS, BLOCK_N, BLOCK_M, NW
-        )
-        if BLOCK_M2 > 0:
-            store_scaled(
-                acc2, s_ptr, b_ptr, o_ptr, blk, BLOCK_M, M, N, stride_om, HAS_BIAS, BLOCK_N,
-                BLOCK_M2, NW,
-            )  # fmt: skip
+        store_split(
+            acc, acc2, s_ptr, b_ptr, o_ptr, blk, M, N, stride_om, HAS_BIAS, BLOCK_N, BLOCK_M,
+            BLOCK_M2, NW,
+        )  # fmt: skip
