@@ -150,13 +150,9 @@ WGMMA_TABLE: tuple[tuple[int, KernelConfig], ...] = (
 )
 
 # Used for a "wgmma" entry where that kernel cannot run (no Gluon, a shape that does not fit):
-# the Triton mmab kernel over the same layout.
-WGMMA_FALLBACK: tuple[tuple[int, KernelConfig], ...] = (
-    (16, KernelConfig("mmab", 16, 128, 256, 4, 3)),
-    (32, KernelConfig("mmab", 16, 128, 128, 4, 4, split_m=2)),
-    (48, KernelConfig("mmab", 16, 128, 128, 4, 3, split_m=3)),
-    (1 << 62, KernelConfig("mmab", 64, 128, 128, 4, 3)),
-)
+# the Triton mmab kernel over the same layout, with the Gluon fallback's configurations (their
+# 128-row blocks and 64-column multiples read the tiled layout as they are).
+WGMMA_FALLBACK = GLUON_FALLBACK
 
 
 def select_config(m: int, weight_layout: str = layout.ROWS) -> KernelConfig:
