@@ -17,6 +17,7 @@ import sys
 from typing import Any
 
 from . import int8_gluon, int8_kernel, int8_wgmma, layout
+from .layout import PERM_CHUNK, TILE_ROWS
 
 __all__ = ["Compiled", "compile_all", "jobs", "main", "uses_tensor_cores"]
 
@@ -78,7 +79,7 @@ def jobs(arch: int) -> list[_Job]:
     out = []
     for m in MS:
         cfg = int8_kernel.select_config(m, lay)
-        if cfg.kind == "wgmma" and m <= int8_wgmma.MAX_M:
+        if cfg.kind == "wgmma":
             out.append(_Job("wgmma", m, cfg))
         elif cfg.kind == "gluon":
             out.append(_Job("gluon", m, cfg))
@@ -99,18 +100,16 @@ def _source(job: _Job, n: int, k: int, tiled: bool) -> tuple[Any, dict[str, Any]
 
     cfg = job.cfg
     if job.kernel == "wgmma":
-        wcfg = int8_wgmma._fit(job.m, k, int8_wgmma.WgmmaConfig(
-            cfg.num_stages, cfg.chunks, cfg.split_cols, cfg.stagger, cfg.x_stages
-        ))  # fmt: skip
+        wcfg = int8_wgmma._fit(job.m, k, int8_kernel.wgmma_config(cfg))
         assert wcfg is not None, f"the wgmma kernel does not fit M={job.m} K={k}"
         cst = int8_wgmma.launch_constexprs(job.m, k, wcfg, has_bias=False)
         bm, bm2 = cst["BLOCK_M"], cst["BLOCK_M2"]
         xl, wl = int8_wgmma.x_smem_layout(), int8_wgmma.w_smem_layout()
         fn = int8_wgmma._int8_wgmma_kernel
         sig = {
-            "x_desc": f"tensordesc<bf16[{bm}, 64],{xl!r}>",
-            "x2_desc": f"tensordesc<bf16[{bm2 or bm}, 64],{xl!r}>",
-            "w_desc": f"tensordesc<i8[128, 64],{wl!r}>",
+            "x_desc": f"tensordesc<bf16[{bm}, {PERM_CHUNK}],{xl!r}>",
+            "x2_desc": f"tensordesc<bf16[{bm2 or bm}, {PERM_CHUNK}],{xl!r}>",
+            "w_desc": f"tensordesc<i8[{TILE_ROWS}, {PERM_CHUNK}],{wl!r}>",
             "s_ptr": "*fp32",
             "b_ptr": "*fp32",
             "o_ptr": "*bf16",
@@ -123,11 +122,7 @@ def _source(job: _Job, n: int, k: int, tiled: bool) -> tuple[Any, dict[str, Any]
         )
         return src, {"num_warps": 4}
     if job.kernel == "gluon":
-        gcfg = int8_gluon.GluonConfig(
-            cfg.block_n, cfg.block_k, cfg.num_warps, cfg.k_width, cfg.num_stages, cfg.k_slice,
-            cfg.warps_m, cfg.split_cols,
-        )  # fmt: skip
-        cst = int8_gluon.launch_constexprs(job.m, gcfg, has_bias=False)
+        cst = int8_gluon.launch_constexprs(job.m, int8_kernel.gluon_config(cfg), has_bias=False)
         fn = int8_gluon._int8_gluon_kernel
         sig = {**_pointer_signature(fn), **dict.fromkeys(cst, "constexpr")}
         return GluonASTSource(fn, sig, cst, _aligned(fn, job.m, n, k)), {"num_warps": cfg.num_warps}

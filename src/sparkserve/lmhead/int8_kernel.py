@@ -52,10 +52,12 @@ __all__ = [
     "KernelConfig",
     "dequantize_rows_int8",
     "fewer_stages",
+    "gluon_config",
     "int8_linear",
     "launch_constexprs",
     "quantize_rows_int8",
     "select_config",
+    "wgmma_config",
 ]
 
 _DEFAULT_CHUNK_BYTES = 64 << 20
@@ -353,13 +355,7 @@ def _triton_int8_linear(
             raise ValueError("the wgmma kernel needs a weight in the 'wgmma' layout")
         from . import int8_wgmma
 
-        wcfg = int8_wgmma.fit_config(
-            x2,
-            k,
-            int8_wgmma.WgmmaConfig(
-                cfg.num_stages, cfg.chunks, cfg.split_cols, cfg.stagger, cfg.x_stages
-            ),
-        )
+        wcfg = int8_wgmma.fit_config(x2, k, wgmma_config(cfg))
         if "wgmma" not in _FAILED and wcfg is not None:
             try:
                 return int8_wgmma.wgmma_int8_linear(x2, w_int8, scale, bias, out, wcfg)
@@ -369,16 +365,7 @@ def _triton_int8_linear(
     if cfg.kind == "gluon":
         from . import int8_gluon
 
-        gcfg = int8_gluon.GluonConfig(
-            cfg.block_n,
-            cfg.block_k,
-            cfg.num_warps,
-            cfg.k_width,
-            cfg.num_stages,
-            cfg.k_slice,
-            cfg.warps_m,
-            cfg.split_cols,
-        )
+        gcfg = gluon_config(cfg)
         if "gluon" not in _FAILED and not tiled and int8_gluon.gluon_supported(x2, w_int8, gcfg):
             try:
                 return int8_gluon.gluon_int8_linear(x2, w_int8, scale, bias, out, gcfg)
@@ -414,6 +401,25 @@ def _triton_int8_linear(
             os.environ.pop("DISABLE_MMA_V3", None)
         else:
             os.environ["DISABLE_MMA_V3"] = saved
+
+
+def wgmma_config(cfg: KernelConfig) -> Any:
+    """The ``int8_wgmma.WgmmaConfig`` of a ``kind="wgmma"`` entry."""
+    from . import int8_wgmma
+
+    return int8_wgmma.WgmmaConfig(
+        cfg.num_stages, cfg.chunks, cfg.split_cols, cfg.stagger, cfg.x_stages
+    )
+
+
+def gluon_config(cfg: KernelConfig) -> Any:
+    """The ``int8_gluon.GluonConfig`` of a ``kind="gluon"`` entry."""
+    from . import int8_gluon
+
+    return int8_gluon.GluonConfig(
+        cfg.block_n, cfg.block_k, cfg.num_warps, cfg.k_width, cfg.num_stages, cfg.k_slice,
+        cfg.warps_m, cfg.split_cols,
+    )  # fmt: skip
 
 
 def launch_constexprs(
