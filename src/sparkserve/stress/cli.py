@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from sparkserve import __version__
+from sparkserve.dotenv import DotenvError, with_dotenv
 from sparkserve.knobs import BY_NAME, KnobError
 from sparkserve.stress import metrics
 from sparkserve.stress.plan import PlanError, default_bank, parse_bank, size_phases
@@ -57,6 +58,10 @@ def add_server_options(parser: argparse.ArgumentParser) -> None:
         help="served model name (default: $SERVED_MODEL_NAME if set, else the only one served)",
     )
     parser.add_argument("--out", type=Path, help="output folder (default: a new dated one)")
+    parser.add_argument(
+        "--env-file", type=Path,
+        help="a compose .env to read knobs from (PORT, API_KEY, ...); the environment wins",
+    )  # fmt: skip
     parser.add_argument(
         "--request-timeout", type=float, default=900.0, metavar="S",
         help="seconds a request may wait for its next bytes (default 900)",
@@ -165,10 +170,9 @@ def say(line: str) -> None:
 
 
 def run(args: argparse.Namespace, env: Mapping[str, str] | None = None) -> int:
-    env = os.environ if env is None else env
     try:
-        return _run(args, env)
-    except (UsageError, PlanError, KnobError, PreflightError) as exc:
+        return _run(args, with_dotenv(os.environ if env is None else env, args.env_file))
+    except (UsageError, PlanError, KnobError, PreflightError, DotenvError) as exc:
         print(f"sparkserve stress: {exc}", file=sys.stderr)
         return EXIT_USAGE
 
