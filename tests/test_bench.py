@@ -13,8 +13,8 @@ import pytest
 
 from sparkserve.bench.cli import parse_kinds
 from sparkserve.bench.report import markdown
-from sparkserve.stress import metrics
-from sparkserve.stress.cli import UsageError
+from sparkserve.client import metrics
+from sparkserve.command_line import UsageError
 from support.vllm_server import VllmServer
 
 REPO = Path(__file__).resolve().parents[1]

@@ -74,7 +74,7 @@ def test_convert_stores_the_layout_it_picks(monkeypatch: pytest.MonkeyPatch) -> 
     weight and its layout, and the logits do not change."""
     from sparkserve.lmhead import layout
 
-    monkeypatch.setattr(layout, "preferred_layout", lambda device: layout.WGMMA)
+    monkeypatch.setattr(plugin, "preferred_layout", lambda device: layout.WGMMA)
     model = make_model(bias=True)
     x = torch.randn(5, HIDDEN).to(torch.bfloat16)
     before = head_logits(model, x).float()

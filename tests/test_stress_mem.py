@@ -15,12 +15,20 @@ import threading
 import time
 from pathlib import Path
 
+import psutil
 import pytest
 
 from sparkserve.cli import main
-from sparkserve.stress import metrics
-from sparkserve.stress.plan import PlanError, default_bank, parse_bank, size_phases
-from sparkserve.stress.sampler import GIB, MemorySampler, Sample, host_figures, read_meminfo
+from sparkserve.client import metrics
+from sparkserve.memory.host import (
+    GIB,
+    PAGE_BYTES,
+    SwapTraffic,
+    read_meminfo,
+    read_swap_traffic,
+)
+from sparkserve.stress.bank import BankError, default_bank, parse_bank, size_phases
+from sparkserve.stress.sampler import MemorySampler, Sample
 from sparkserve.stress.verdict import judge
 from support.cpu_launch import launcher_server
 from support.vllm_server import VllmServer, free_port
@@ -38,7 +46,7 @@ def test_default_bank_is_1_2_3_and_one_over_max_num_seqs() -> None:
 
 @pytest.mark.parametrize("text", ["", "0", "1,x", "2,,3", "1,1", "-1", "1.5", "2000", " , "])
 def test_bad_bank_is_one_clear_line(text: str) -> None:
-    with pytest.raises(PlanError) as info:
+    with pytest.raises(BankError) as info:
         parse_bank(text)
     message = str(info.value)
     assert repr(text) in message and "whole numbers from 1 to 1024" in message
@@ -75,7 +83,7 @@ def test_phases_fill_the_pool_within_max_model_len() -> None:
     ],
 )
 def test_bad_sizes(kwargs: dict[str, object], needle: str) -> None:
-    with pytest.raises(PlanError, match=needle):
+    with pytest.raises(BankError, match=needle):
         size_phases([1], **kwargs)  # type: ignore[arg-type]
 
 
@@ -124,14 +132,19 @@ def test_pool_size_from_metrics_and_log() -> None:
     assert metrics.pool_tokens_from_log("CPU KV cache size: 59,918 tokens") == 59918
 
 
-def test_host_figures_from_meminfo(tmp_path: Path) -> None:
-    meminfo = tmp_path / "meminfo"
-    meminfo.write_text(
+def test_host_figures_from_meminfo(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / "meminfo").write_text(
         "MemTotal: 8388608 kB\nMemFree: 1048576 kB\nMemAvailable: 4194304 kB\n"
         "Buffers: 0 kB\nCached: 2097152 kB\nSReclaimable: 0 kB\n"
         "SwapTotal: 2097152 kB\nSwapFree: 1048576 kB\n"
+        "Shmem: 0 kB\nActive: 0 kB\nInactive: 0 kB\n"
     )
-    assert host_figures(read_meminfo(meminfo)) == (8.0, 4.0, 5.0, 1.0)
+    (tmp_path / "vmstat").write_text("pgpgin 7\npswpin 10\npswpout 20\n")
+    monkeypatch.setattr(psutil, "PROCFS_PATH", str(tmp_path))  # psutil reads this "/proc"
+    memory = read_meminfo()
+    figures = (memory.total, memory.available, memory.used, memory.swap_used)
+    assert tuple(value / GIB for value in figures) == (8.0, 4.0, 4.0, 1.0)  # used: total - avail
+    assert read_swap_traffic(tmp_path / "vmstat") == SwapTraffic(10 * PAGE_BYTES, 20 * PAGE_BYTES)
 
 
 def test_sampler_keeps_its_rate() -> None:
@@ -145,7 +158,7 @@ def test_sampler_keeps_its_rate() -> None:
 
 # -- against a real server -----------------------------------------------------------------
 def mem_available_gib() -> float:
-    return read_meminfo()["MemAvailable"] / GIB
+    return read_meminfo().available / GIB
 
 
 def stress_argv(server: VllmServer, out: Path, *extra: str) -> list[str]:
@@ -284,7 +297,7 @@ def test_sigint_writes_partial_results(shared_server: VllmServer, tmp_path: Path
     [
         (["--model", "no-such-model"], "model 'no-such-model' is not served by"),
         (["--bank", "1,zero"], "bad --bank '1,zero'"),
-        (["--sample-hz", "2"], "bad --sample-hz '2'"),
+        (["--sample-hz", "2"], "--sample-hz='2': must be a number of at least 5"),
     ],
     ids=["wrong-model", "nonsense-bank", "slow-sampling"],
 )

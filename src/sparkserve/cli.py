@@ -15,7 +15,7 @@ from pathlib import Path
 from sparkserve import __version__
 from sparkserve.knob_docs import sync
 from sparkserve.knobs import LAUNCHERS
-from sparkserve.launch_env import main_resolve
+from sparkserve.launcher_exports import main_resolve
 from sparkserve.patching import ALL_PATCHES
 from sparkserve.patching.cli import run as run_patch
 

@@ -222,12 +222,18 @@ def knobs_for(launcher: Launcher) -> tuple[Knob, ...]:
     return tuple(knob for knob in KNOBS if launcher in knob.launchers)
 
 
+def knob_value(
+    name: str, env: Mapping[str, str], launcher: Launcher = "dflash", given: str | None = None
+) -> str:
+    """One knob's value as `launcher` sees it: `given` (an option), else `env`, else its
+    default for that launcher (unset, or empty where empty is not allowed); validated."""
+    knob = BY_NAME[name]
+    raw = given if given is not None else env.get(name)
+    if raw is None or (raw.strip() == "" and not knob.empty_ok):
+        raw = knob.default_for(launcher)
+    return knob.check(raw)
+
+
 def resolve(env: Mapping[str, str], launcher: Launcher) -> dict[str, str]:
     """Each knob of `launcher` from `env` (unset or empty: its default), validated."""
-    values: dict[str, str] = {}
-    for knob in knobs_for(launcher):
-        raw = env.get(knob.name)
-        if raw is None or (raw.strip() == "" and not knob.empty_ok):
-            raw = knob.default_for(launcher)
-        values[knob.name] = knob.check(raw)
-    return values
+    return {knob.name: knob_value(knob.name, env, launcher) for knob in knobs_for(launcher)}
