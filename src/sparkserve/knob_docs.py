@@ -12,9 +12,6 @@ from pathlib import Path
 
 from sparkserve.knobs import GROUP_TITLES, KNOBS, Knob
 
-BEGIN = ">>> knobs: generated from src/sparkserve/knobs.py by `sparkserve knobs sync`"
-END = "<<< knobs"
-
 
 def compose_value(knob: Knob) -> str:
     # ${X-d} keeps an empty value (empty means "off" for these); ${X:-d} treats empty as unset.
@@ -73,29 +70,40 @@ TARGETS: dict[str, Callable[[str], list[str]]] = {
 }
 
 
-def regenerate(text: str, render: Callable[[str], list[str]], name: str) -> str:
+def regenerate(text: str, render: Callable[[str], list[str]], name: str, tag: str = "knobs") -> str:
+    """`text` with its one region between `>>> TAG: ...` and `<<< TAG` marker lines (after `#`
+    or `<!--`) rewritten by `render(indent)`; ValueError unless there is exactly one."""
     pattern = re.compile(
-        rf"^(?P<indent>[ \t]*)(?P<lead>#|<!--) {re.escape(BEGIN)}.*?\n(?P<body>.*?)"
-        rf"^(?P=indent)(?:#|<!--) {re.escape(END)}.*?$",
+        rf"^(?P<indent>[ \t]*)(?P<lead>#|<!--) >>> {re.escape(tag)}:.*?\n(?P<body>.*?)"
+        rf"^(?P=indent)(?:#|<!--) <<< {re.escape(tag)}\b.*?$",
         re.MULTILINE | re.DOTALL,
     )
     matches = list(pattern.finditer(text))
     if len(matches) != 1:
-        raise ValueError(f"{name}: expected one generated knobs region, found {len(matches)}")
+        raise ValueError(f"{name}: expected one generated {tag} region, found {len(matches)}")
     match = matches[0]
     body = "\n".join(render(match.group("indent"))) + "\n"
     return text[: match.start("body")] + body + text[match.end("body") :]
 
 
-def sync(repo: Path, check: bool) -> list[str]:
-    """Rewrite (or with check, only compare) every target; return the names that drifted."""
+def sync_regions(
+    repo: Path, targets: list[tuple[str, str, Callable[[str], list[str]]]], check: bool
+) -> list[str]:
+    """Rewrite (or with check, only compare) each (file, tag, render) region; return the
+    files that drifted."""
     drifted: list[str] = []
-    for name, render in TARGETS.items():
+    for name, tag, render in targets:
         path = repo / name
         text = path.read_text()
-        fresh = regenerate(text, render, name)
+        fresh = regenerate(text, render, name, tag)
         if fresh != text:
-            drifted.append(name)
+            if name not in drifted:
+                drifted.append(name)
             if not check:
                 path.write_text(fresh)
     return drifted
+
+
+def sync(repo: Path, check: bool) -> list[str]:
+    """Rewrite (or with check, only compare) every target; return the names that drifted."""
+    return sync_regions(repo, [(name, "knobs", render) for name, render in TARGETS.items()], check)
