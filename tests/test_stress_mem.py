@@ -30,7 +30,6 @@ from sparkserve.memory.host import (
 from sparkserve.stress.bank import BankError, default_bank, parse_bank, size_phases
 from sparkserve.stress.sampler import MemorySampler, Sample
 from sparkserve.stress.verdict import judge
-from support.cpu_launch import launcher_server
 from support.vllm_server import VllmServer, free_port
 
 REPO = Path(__file__).resolve().parents[1]
@@ -333,25 +332,25 @@ def test_os_reserve_comes_from_the_knob(monkeypatch: pytest.MonkeyPatch, tmp_pat
 
 @pytest.mark.e2e
 def test_server_stopped_mid_run_keeps_what_was_measured(
-    tiny_models: dict[str, str], sparkserve_site: Path, tmp_path: Path
+    second_server: VllmServer, tmp_path: Path
 ) -> None:
-    server = launcher_server(tmp_path / "srv", "dflash", tiny_models, sparkserve_site).start()
+    """Stops the run's second server (the last test to use it: conftest.py)."""
+    server = second_server
+    out = tmp_path / "stopped"
+    stress, _ = _start_stress_until_first_level(
+        [sys.executable, "-m", "sparkserve", *stress_argv(
+            server, out, "--bank", "1,2", "--prompt-tokens", "512", "--gen-tokens",
+            "3000", "--os-reserve-gb", "0.5",
+        )]
+    )  # fmt: skip
+    time.sleep(1.5)
+    stopper = threading.Thread(target=server.stop, kwargs={"timeout_s": 30})
+    stopper.start()
     try:
-        server.wait_healthy(timeout_s=300)
-        out = tmp_path / "stopped"
-        stress, _ = _start_stress_until_first_level(
-            [sys.executable, "-m", "sparkserve", *stress_argv(
-                server, out, "--bank", "1,2", "--prompt-tokens", "512", "--gen-tokens",
-                "3000", "--os-reserve-gb", "0.5",
-            )]
-        )  # fmt: skip
-        time.sleep(1.5)
-        stopper = threading.Thread(target=server.stop, kwargs={"timeout_s": 30})
-        stopper.start()
         stdout, stderr = stress.communicate(timeout=120)
-        stopper.join()
     finally:
-        server.stop(timeout_s=30)
+        stopper.join()
+    assert server.stop_took_s is not None and server.stop_took_s < 30, server.stop_took_s
     assert stress.returncode == 3, stdout + stderr
     assert "requests failed during c=1" in stderr
     assert stdout.startswith("partial run:")
