@@ -7,7 +7,8 @@ two vLLM CPU servers that every test able to share a server uses, each started o
 
 Each is stopped with SIGTERM at the end and must be gone within 30 s (what `docker stop`
 allows). A test that stops `second_server` on purpose must come after the tests that read it
-(test_stress_mem.py runs after the others); if it does not, the next user gets a fresh one."""
+(tests/e2e/test_stress_server.py runs after the others); if it does not, the next user gets a
+fresh one."""
 
 from __future__ import annotations
 
