@@ -112,7 +112,7 @@ def test_plan_counts_the_cudagraph_estimate_and_works_without_a_gpu(
 
 def test_plan_refuses_a_setting_that_does_not_fit(geometry: tuple[Path, Path]) -> None:
     """100 GiB and OS_RESERVE_GB=18: GPU_MEM 0.82 keeps the reserve to the byte, 0.83 does not
-    (the launcher's rule: tests/test_budget.py)."""
+    (the launcher's rule: tests/memory/test_budget.py)."""
     target, drafter = geometry
     done = plan_cli(
         "--model", str(target), "--drafter", str(drafter), "--gpu-mem", "0.83",
