@@ -207,7 +207,6 @@ def test_server_stopped_mid_run_keeps_what_was_measured(
         stdout, stderr = stress.communicate(timeout=120)
     finally:
         stopper.join()
-    assert server.stop_took_s is not None and server.stop_took_s < 30, server.stop_took_s
     assert stress.returncode == 3, stdout + stderr
     assert "requests failed during c=1" in stderr
     assert stdout.startswith("partial run:")
