@@ -41,16 +41,12 @@ NUMBER_OPTIONS: tuple[NumberOption, ...] = (
      "cold/warm pairs, the median is reported; 0 skips the test (default 3)"),
 )  # fmt: skip
 
+HELP = "TTFT, decode speed, speculative acceptance and prefix-cache hits of a server"
+LEVELS = ("--concurrency", "levels to measure, e.g. 1,2,3 (default: 1..MAX_NUM_SEQS)")
+
 
 def add_command(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    parser = tool.add_parser(
-        commands,
-        "bench",
-        "TTFT, decode speed, speculative acceptance and prefix-cache hits of a server",
-        __doc__,
-        ("--concurrency", "levels to measure, e.g. 1,2,3 (default: 1..MAX_NUM_SEQS)"),
-        NUMBER_OPTIONS,
-    )
+    parser = tool.add_parser(commands, "bench", HELP, __doc__, LEVELS, NUMBER_OPTIONS)
     parser.add_argument(
         "--kinds", default=",".join(KINDS), help=f"prompt kinds (default {','.join(KINDS)})"
     )

@@ -13,18 +13,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from sparkserve import command_line as cl
 from sparkserve.client.server import PreflightError, Server, ServerInfo
-from sparkserve.command_line import (
-    EXIT_BAD_INPUT,
-    EXIT_INTERRUPTED,
-    EXIT_STOPPED,
-    NumberOption,
-    UsageError,
-    add_numbers,
-    fail,
-    one_line_errors,
-    ranged,
-)
+from sparkserve.command_line import UsageError
 from sparkserve.knobs import KnobError, knob_value
 
 
@@ -42,7 +33,7 @@ def add_parser(
     help_text: str,
     description: str | None,
     levels: tuple[str, str],
-    numbers: tuple[NumberOption, ...],
+    numbers: tuple[cl.NumberOption, ...],
 ) -> argparse.ArgumentParser:
     """The command's parser with one-line errors, the options every such command has, its
     concurrency levels option (name, help) and its number options."""
@@ -52,7 +43,7 @@ def add_parser(
         description=description,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    one_line_errors(parser, f"sparkserve {name}")
+    cl.one_line_errors(parser, f"sparkserve {name}")
     parser.add_argument(
         "--url", help="the server (default: http://127.0.0.1:$PORT, PORT from the knobs)"
     )
@@ -62,15 +53,15 @@ def add_parser(
     )
     parser.add_argument("--out", type=Path, help="output folder (default: a new dated one)")
     parser.add_argument(
-        "--request-timeout", type=ranged(float, "--request-timeout", 0.1), default=900.0,
+        "--request-timeout", type=cl.ranged(float, "--request-timeout", 0.1), default=900.0,
         metavar="S", help="seconds a request may wait for its next bytes (default 900)",
     )  # fmt: skip
     parser.add_argument(
-        "--max-num-seqs", type=ranged(int, "--max-num-seqs", 1),
+        "--max-num-seqs", type=cl.ranged(int, "--max-num-seqs", 1),
         help="the server's MAX_NUM_SEQS for the default levels (default: the knob)",
     )  # fmt: skip
     parser.add_argument(levels[0], help=levels[1])
-    add_numbers(parser, numbers)
+    cl.add_numbers(parser, numbers)
     return parser
 
 
@@ -108,7 +99,7 @@ def checked(prog: str, body: Callable[[], int]) -> int:
     try:
         return body()
     except BEFORE_LOAD_ERRORS as exc:
-        return fail(prog, exc, EXIT_BAD_INPUT)
+        return cl.fail(prog, exc, cl.EXIT_BAD_INPUT)
 
 
 @dataclass
@@ -121,7 +112,7 @@ class Outcome:
         return {"done": done, "aborted": "ERROR"}.get(self.status, "INTERRUPTED")
 
     def exit_code(self, done: int) -> int:
-        return {"done": done, "aborted": EXIT_STOPPED}.get(self.status, EXIT_INTERRUPTED)
+        return {"done": done, "aborted": cl.EXIT_STOPPED}.get(self.status, cl.EXIT_INTERRUPTED)
 
 
 def run_cut_short(

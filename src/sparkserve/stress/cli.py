@@ -50,16 +50,12 @@ NUMBER_OPTIONS: tuple[NumberOption, ...] = (
     ("--progress-s", float, 0.1, INF, 5.0, "seconds between progress lines (default 5)"),
 )  # fmt: skip
 
+HELP = "fill the server's KV pool at several concurrencies while watching host memory"
+LEVELS = ("--bank", "concurrency levels, e.g. 1,2,4 (default: 1,2,3,MAX_NUM_SEQS+1)")
+
 
 def add_command(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    parser = tool.add_parser(
-        commands,
-        "stress",
-        "fill the server's KV pool at several concurrencies while watching host memory",
-        __doc__,
-        ("--bank", "concurrency levels, e.g. 1,2,4 (default: 1,2,3,MAX_NUM_SEQS+1)"),
-        NUMBER_OPTIONS,
-    )
+    parser = tool.add_parser(commands, "stress", HELP, __doc__, LEVELS, NUMBER_OPTIONS)
     parser.add_argument(
         "--server-log", type=Path,
         help="a vLLM log to read the pool size from ('GPU KV cache size: N tokens')",
