@@ -109,7 +109,7 @@ print_dry_run() {
 # it leaves a mark in the container's own filesystem (SPARKSERVE_STATE_DIR), so a restart of
 # the same container, with the same environment, never clears a record written later.
 check_guard_record() {
-  local record="${HF_HOME}/sparkserve/guard-stopped.json"
+  local record="${GUARD_MARKER}"
   local spent="${SPARKSERVE_STATE_DIR:-${TMPDIR:-/tmp}}/guard-resume-spent"
   if [[ "${GUARD_RESUME}" == 1 && ! -e "${spent}" ]]; then
     mkdir -p -- "$(dirname -- "${spent}")"
@@ -151,7 +151,7 @@ fetch_models() {
 guard_command() {
   GUARD_ARGS=(python3 -m sparkserve.guard --pid "$$" --floor-gb "${GUARD_FLOOR_GB}"
     --os-reserve-gb "${OS_RESERVE_GB}" --swap-mb-s "${GUARD_SWAP_MB_S}"
-    --marker "${HF_HOME}/sparkserve/guard-stopped.json")
+    --marker "${GUARD_MARKER}")
 }
 
 # start_guard: the memory guard, in the background, next to the vLLM we are about to become.

@@ -449,7 +449,7 @@ def main() -> int:
         return 2
     torch.backends.cuda.matmul.allow_tf32 = False
     dev = torch.device("cuda")
-    lay = layout.preferred_layout(dev) if args.layout == "auto" else args.layout
+    lay = int8_kernel.preferred_layout(dev) if args.layout == "auto" else args.layout
     import triton
 
     meta = {

@@ -94,5 +94,5 @@ def test_bad_option_is_one_line() -> None:
     done = doctor("--disk-need-gb", "-5")
     assert done.returncode == 2
     assert done.stderr.strip().splitlines() == [
-        "sparkserve doctor: argument --disk-need-gb: --disk-need-gb='-5': must be from 0 to 100000"
+        "sparkserve doctor: --disk-need-gb='-5': must be a number from 0 to 100000"
     ]

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from sparkserve import data_tables
 from sparkserve.knob_docs import sync
 from sparkserve.knobs import KNOBS, resolve
 from sparkserve.versions import read_versions
@@ -48,6 +49,18 @@ def project(tmp_path: Path) -> Path:
 
 def test_generated_knob_tables_match_the_registry() -> None:
     assert sync(REPO, check=True) == [], "run: python -m sparkserve knobs sync"
+
+
+def test_docs_figures_match_their_json(tmp_path: Path) -> None:
+    assert data_tables.sync(REPO, check=True) == [], "run: python -m sparkserve docs sync"
+    # a changed figure in the JSON shows up as drift
+    for name in ("docs/FINDINGS.md", "docs/LMHEAD.md", data_tables.TRITON38, data_tables.TRITON36):
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(REPO / name, tmp_path / name)
+    data = json.loads((tmp_path / data_tables.TRITON38).read_text())
+    data["shapes"][0]["rows"][0]["speedup"] = 9.99
+    (tmp_path / data_tables.TRITON38).write_text(json.dumps(data))
+    assert data_tables.sync(tmp_path, check=True) == ["docs/FINDINGS.md", "docs/LMHEAD.md"]
 
 
 def test_registry_defaults_are_the_documented_ones() -> None:

@@ -12,10 +12,10 @@ import os
 import sys
 from pathlib import Path
 
-from sparkserve import __version__
+from sparkserve import __version__, data_tables
 from sparkserve.knob_docs import sync
 from sparkserve.knobs import LAUNCHERS
-from sparkserve.launch_env import main_resolve
+from sparkserve.launcher_exports import main_resolve
 from sparkserve.patching import ALL_PATCHES
 from sparkserve.patching.cli import run as run_patch
 
@@ -39,10 +39,17 @@ def _run_patch(args: argparse.Namespace) -> int:
 def _run_knobs(args: argparse.Namespace) -> int:
     if args.knobs_command == "resolve":
         return main_resolve(args.launcher, os.environ, args.prog)
-    drifted = sync(args.repo, check=args.check)
+    return _report_drift(sync(args.repo, check=args.check), args.check)
+
+
+def _run_docs(args: argparse.Namespace) -> int:
+    return _report_drift(data_tables.sync(args.repo, check=args.check), args.check)
+
+
+def _report_drift(drifted: list[str], check: bool) -> int:
     for name in drifted:
-        print(f"{'out of date' if args.check else 'updated'}: {name}")
-    return 1 if drifted and args.check else 0
+        print(f"{'out of date' if check else 'updated'}: {name}")
+    return 1 if drifted and check else 0
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -68,6 +75,15 @@ def build_parser() -> argparse.ArgumentParser:
     )
     knob_sync.add_argument("--check", action="store_true", help="only report drift (exit 1)")
     knob_sync.add_argument("--repo", type=Path, default=REPO, help="the checkout to update")
+
+    docs = commands.add_parser("docs", help="the docs' generated figures")
+    docs.set_defaults(run=_run_docs)
+    doc_commands = docs.add_subparsers(dest="docs_command", metavar="ACTION", required=True)
+    docs_sync = doc_commands.add_parser(
+        "sync", help="regenerate the tables and ranges docs/ quotes from docs/data"
+    )
+    docs_sync.add_argument("--check", action="store_true", help="only report drift (exit 1)")
+    docs_sync.add_argument("--repo", type=Path, default=REPO, help="the checkout to update")
 
     for name in COMMAND_MODULES:
         importlib.import_module(name).add_command(commands)

@@ -22,8 +22,10 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Literal
 
+from sparkserve.command_line import EXIT_FAILED, EXIT_OK, one_line_errors, ranged
+from sparkserve.guard import marker_path
 from sparkserve.knobs import KnobError, resolve
-from sparkserve.memory import one_line_errors
+from sparkserve.memory.budget import budget_problem
 from sparkserve.memory.checkpoint import cache_dir_name, find_snapshot, hf_home
 from sparkserve.memory.host import GIB, read_meminfo
 
@@ -129,6 +131,12 @@ def check_memory(values: Mapping[str, str], spark: bool) -> list[Check]:
             f"{mem.total / GIB:.1f} GiB total, {mem.available / GIB:.1f} GiB available",
         )
     ]
+    problem = budget_problem(values["GPU_MEM"], values["OS_RESERVE_GB"], mem.total)
+    if problem is None:
+        detail = f"GPU_MEM={values['GPU_MEM']} keeps OS_RESERVE_GB={values['OS_RESERVE_GB']}"
+        rows.append(Check("memory budget", "ok", detail))
+    else:  # the launcher refuses this on this machine
+        rows.append(Check("memory budget", "blocker" if spark else "info", problem))
     if mem.available < want:
         status: Status = "blocker" if spark else "info"
         rows.append(
@@ -270,7 +278,7 @@ def diagnose(env: Mapping[str, str], method: str, need_gb: float) -> list[Check]
                 "hf-cache volume, which this host path does not show",
             )
         )
-    record = home / "sparkserve" / "guard-stopped.json"
+    record = marker_path(home)
     if record.is_file():
         rows.append(
             Check(
@@ -301,17 +309,7 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps([asdict(row) for row in rows], indent=1))
     else:
         print(render(rows))
-    return 1 if any(row.status == "blocker" for row in rows) else 0
-
-
-def _need(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        value = -1.0
-    if not 0 <= value <= 100000:
-        raise argparse.ArgumentTypeError(f"--disk-need-gb={text!r}: must be from 0 to 100000")
-    return value
+    return EXIT_FAILED if any(row.status == "blocker" for row in rows) else EXIT_OK
 
 
 def add_command(commands: Any) -> None:
@@ -326,7 +324,7 @@ def add_command(commands: Any) -> None:
     )
     parser.add_argument(
         "--disk-need-gb",
-        type=_need,
+        type=ranged(float, "--disk-need-gb", 0, 100000),
         default=DEFAULT_DISK_NEED_GB,
         help="free disk a first run needs (image and weights)",
     )

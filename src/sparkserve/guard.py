@@ -16,7 +16,8 @@ kernel signals it when its parent, the watched process, dies), so it never outli
 server; inside the container it is a child of PID 1 (vLLM), which cannot wait on it.
 
 Run as `python3 -m sparkserve.guard ...`: this module imports nothing but the standard
-library and sparkserve.memory.host, so it starts fast and stays small.
+library, psutil and small sparkserve modules (host memory, the knob registry, the shared
+command-line pieces), so it starts fast and stays small.
 """
 
 from __future__ import annotations
@@ -34,12 +35,25 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from sparkserve.memory import one_line_errors
-from sparkserve.memory.host import GIB, PAGE, read_meminfo, read_swap_out_pages
+from sparkserve.command_line import (
+    EXIT_BAD_INPUT,
+    EXIT_OK,
+    EXIT_STOPPED,
+    fail,
+    one_line_errors,
+    ranged,
+)
+from sparkserve.knobs import BY_NAME
+from sparkserve.memory.host import GIB, read_meminfo, read_swap_traffic
 
+# The record of a stop, under HF_HOME (the model-cache volume); the launcher gets the full
+# path as GUARD_MARKER from `sparkserve knobs resolve`, doctor looks for it too.
 MARKER_NAME = "sparkserve/guard-stopped.json"
-EXIT_OK, EXIT_STOPPED, EXIT_BAD_INPUT = 0, 3, 2
 PROG = "sparkserve guard"
+
+
+def marker_path(hf_home: str | Path) -> Path:
+    return Path(hf_home) / MARKER_NAME
 
 
 @dataclass(frozen=True)
@@ -60,21 +74,22 @@ class Trip:
 
 
 class SwapRate:
-    """Bytes written to swap per second over a sliding window (pswpout)."""
+    """Bytes written to swap per second over a sliding window."""
 
     def __init__(self, window_s: float) -> None:
         self.window_s = window_s
         self.samples: deque[tuple[float, int]] = deque()
 
-    def add(self, now: float, pages: int) -> float:
-        self.samples.append((now, pages))
+    def add(self, now: float, swapped_out: int) -> float:
+        """`swapped_out`: bytes written to swap since boot."""
+        self.samples.append((now, swapped_out))
         while len(self.samples) > 2 and now - self.samples[1][0] >= self.window_s:
             self.samples.popleft()
-        first_t, first_pages = self.samples[0]
+        first_t, first_bytes = self.samples[0]
         span = now - first_t
         if span < self.window_s / 2:
             return 0.0
-        return (pages - first_pages) * PAGE / span
+        return (swapped_out - first_bytes) / span
 
 
 def check(limits: Limits, available: int, swap_used: int, swap_rate: float) -> str | None:
@@ -202,7 +217,7 @@ def watch(
     )
     while alive(pid, started):
         mem = read_meminfo()
-        swap_rate = rate.add(time.monotonic(), read_swap_out_pages())
+        swap_rate = rate.add(time.monotonic(), read_swap_traffic().swapped_out)
         reason = check(limits, mem.available, mem.swap_used, swap_rate)
         if reason is not None:
             trip = Trip(
@@ -230,17 +245,12 @@ def watch(
 # ---------------------------------------------------------------- command line
 
 
-def _number(low: float, high: float, what: str) -> Any:
-    def parse(text: str) -> float:
-        try:
-            value = float(text)
-        except ValueError:
-            value = float("nan")
-        if not low <= value <= high:
-            raise argparse.ArgumentTypeError(f"{what}={text!r}: must be from {low:g} to {high:g}")
-        return value
-
-    return parse
+def _knob_option(name: str, option: str) -> dict[str, Any]:
+    """argparse settings for an option that carries a knob: its range and its default."""
+    knob = BY_NAME[name]
+    low, high = knob.minimum or 0.0, knob.maximum or float("inf")
+    default = float(knob.default) if knob.default else None
+    return {"type": ranged(float, option, low, high), "default": default}
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -251,18 +261,17 @@ def configure(parser: argparse.ArgumentParser) -> None:
         default="",
         help="stop when MemAvailable falls below this many GiB (empty: half of --os-reserve-gb)",
     )
-    add("--os-reserve-gb", type=_number(0.5, 1024, "--os-reserve-gb"), default=14.0)
+    add("--os-reserve-gb", **_knob_option("OS_RESERVE_GB", "--os-reserve-gb"))
     add(
         "--swap-mb-s",
-        type=_number(0, 100000, "--swap-mb-s"),
-        default=256.0,
+        **_knob_option("GUARD_SWAP_MB_S", "--swap-mb-s"),
         help="stop when swap-out exceeds this many MB/s over --window-s (0: off)",
     )
-    add("--window-s", type=_number(0.5, 60, "--window-s"), default=2.0)
-    add("--interval-s", type=_number(0.05, 10, "--interval-s"), default=0.2)
+    add("--window-s", type=ranged(float, "--window-s", 0.5, 60), default=2.0)
+    add("--interval-s", type=ranged(float, "--interval-s", 0.05, 10), default=0.2)
     add(
         "--grace-s",
-        type=_number(0, 600, "--grace-s"),
+        type=ranged(float, "--grace-s", 0, 600),
         default=15.0,
         help="seconds between SIGTERM and SIGKILL",
     )
@@ -272,13 +281,13 @@ def configure(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="file to record a stop in (the launcher passes $HF_HOME/" + MARKER_NAME + ")",
     )
-    one_line_errors(parser, PROG, EXIT_BAD_INPUT)
+    one_line_errors(parser, PROG)
 
 
 def run(args: argparse.Namespace) -> int:
     floor_text = str(args.floor_gb).strip()
     if floor_text:
-        floor_gib = _number(0.1, 1024, "--floor-gb")(floor_text)
+        floor_gib = _knob_option("GUARD_FLOOR_GB", "--floor-gb")["type"](floor_text)
     else:
         floor_gib = args.os_reserve_gb / 2
     limits = Limits(
@@ -293,8 +302,7 @@ def _run_checked(args: argparse.Namespace) -> int:
     try:
         return run(args)
     except argparse.ArgumentTypeError as error:
-        print(f"{PROG}: {error}", file=sys.stderr)
-        return EXIT_BAD_INPUT
+        return fail(PROG, error, EXIT_BAD_INPUT)
 
 
 def add_command(commands: Any) -> None:

@@ -1,9 +1,9 @@
 """Write the registry out where people read it: compose, .env.example, the docs tables.
 
-Each target file holds regions between two marker lines that `sparkserve knobs sync`
+Each target file holds a region between two marker lines that `sparkserve knobs sync`
 rewrites from the registry; `sparkserve knobs sync --check` (run by the tests) fails on drift.
-A region's begin line may name an image (`>>> knobs (cpu image): ...`): compose's cpu service
-gets that image's defaults.
+docker-compose.yml has two: `knobs` (the Spark services) and `knobs-cpu` (the cpu profile,
+with the cpu image's defaults).
 """
 
 from __future__ import annotations
@@ -12,12 +12,7 @@ import re
 from collections.abc import Callable
 from pathlib import Path
 
-from sparkserve.knobs import GROUP_TITLES, IMAGES, KNOBS, Image, Knob
-
-BEGIN = ">>> knobs"
-GENERATED = ": generated from src/sparkserve/knobs.py by `sparkserve knobs sync`"
-END = "<<< knobs"
-Render = Callable[[str, Image], list[str]]
+from sparkserve.knobs import GROUP_TITLES, KNOBS, Image, Knob
 
 
 def compose_value(knob: Knob, image: Image = "spark") -> str:
@@ -26,32 +21,27 @@ def compose_value(knob: Knob, image: Image = "spark") -> str:
     return f'"${{{knob.name}{operator}{knob.default_for("dflash", image)}}}"'
 
 
-def container_knobs() -> tuple[Knob, ...]:
-    return tuple(knob for knob in KNOBS if knob.scope == "container")
+def render_compose(indent: str, image: Image = "spark") -> list[str]:
+    """The environment block of compose's services (compose-only knobs never reach them)."""
+    return [
+        f"{indent}{knob.name}: {compose_value(knob, image)}"
+        for knob in KNOBS
+        if knob.scope == "container"
+    ]
 
 
-def render_compose(indent: str, image: Image) -> list[str]:
-    return [f"{indent}{knob.name}: {compose_value(knob, image)}" for knob in container_knobs()]
+def _other_defaults(knob: Knob) -> str:
+    """The defaults that differ from the main one, named: ' (MTP: 2; cpu image: 0)' or ''."""
+    others = [("MTP", knob.mtp_default), ("cpu image", knob.cpu_default)]
+    named = [f"{where}: {value or '(empty)'}" for where, value in others if value is not None]
+    return f" ({'; '.join(named)})" if named else ""
 
 
-def _other_defaults(knob: Knob) -> list[str]:
-    """The defaults that differ from the main one, named (MTP launcher, cpu image)."""
-    others = []
-    if knob.mtp_default is not None:
-        others.append(("MTP", knob.mtp_default))
-    if knob.cpu_default is not None:
-        others.append(("cpu image", knob.cpu_default))
-    return [f"{where}: {value or '(empty)'}" for where, value in others]
-
-
-def render_env_example(indent: str, image: Image) -> list[str]:
-    del image  # one .env serves every service
+def render_env_example(indent: str) -> list[str]:
     lines: list[str] = []
     for knob in KNOBS:
         lines.append(f"{indent}# {knob.why}")
-        default = knob.default or "(empty)"
-        if others := _other_defaults(knob):
-            default += f" ({'; '.join(others)})"
+        default = (knob.default or "(empty)") + _other_defaults(knob)
         lines.append(f"{indent}# allowed: {knob.allowed()}; default: {default}")
         lines.append(f"{indent}#{knob.name}={knob.default}")
         lines.append("")
@@ -62,8 +52,7 @@ def _markdown_cell(text: str) -> str:
     return text.replace("|", "\\|")
 
 
-def render_markdown(indent: str, image: Image) -> list[str]:
-    del image  # the tables show every image's defaults
+def render_markdown(indent: str) -> list[str]:
     lines: list[str] = []
     for group, title in GROUP_TITLES.items():
         lines += [
@@ -73,9 +62,7 @@ def render_markdown(indent: str, image: Image) -> list[str]:
             "| --- | --- | --- | --- |",
         ]
         for knob in (k for k in KNOBS if k.group == group):
-            default = f"`{knob.default}`" if knob.default else "(empty)"
-            if others := _other_defaults(knob):
-                default += f" ({'; '.join(others)})"
+            default = (f"`{knob.default}`" if knob.default else "(empty)") + _other_defaults(knob)
             only = "" if len(knob.launchers) > 1 else f" ({knob.launchers[0]} only)"
             if knob.scope == "compose":
                 only += " (compose)"
@@ -87,47 +74,49 @@ def render_markdown(indent: str, image: Image) -> list[str]:
     return [indent + line if line else line for line in lines[:-1]]
 
 
-TARGETS: dict[str, Render] = {
-    "docker-compose.yml": render_compose,
-    ".env.example": render_env_example,
-    "docs/KNOBS.md": render_markdown,
-    "README.md": render_markdown,
-}
+TARGETS: list[tuple[str, str, Callable[[str], list[str]]]] = [
+    ("docker-compose.yml", "knobs", render_compose),
+    ("docker-compose.yml", "knobs-cpu", lambda indent: render_compose(indent, "cpu")),
+    (".env.example", "knobs", render_env_example),
+    ("docs/KNOBS.md", "knobs", render_markdown),
+    ("README.md", "knobs", render_markdown),
+]
 
 
-REGION = re.compile(
-    rf"^(?P<indent>[ \t]*)(?:#|<!--) {re.escape(BEGIN)}(?: \((?P<image>\w+) image\))?"
-    rf"{re.escape(GENERATED)}.*?\n(?P<body>.*?)^(?P=indent)(?:#|<!--) {re.escape(END)}.*?$",
-    re.MULTILINE | re.DOTALL,
-)
+def regenerate(text: str, render: Callable[[str], list[str]], name: str, tag: str = "knobs") -> str:
+    """`text` with its one region between `>>> TAG: ...` and `<<< TAG` marker lines (after `#`
+    or `<!--`) rewritten by `render(indent)`; ValueError unless there is exactly one."""
+    pattern = re.compile(
+        rf"^(?P<indent>[ \t]*)(?P<lead>#|<!--) >>> {re.escape(tag)}:.*?\n(?P<body>.*?)"
+        rf"^(?P=indent)(?:#|<!--) <<< {re.escape(tag)}\b.*?$",
+        re.MULTILINE | re.DOTALL,
+    )
+    matches = list(pattern.finditer(text))
+    if len(matches) != 1:
+        raise ValueError(f"{name}: expected one generated {tag} region, found {len(matches)}")
+    match = matches[0]
+    body = "\n".join(render(match.group("indent"))) + "\n"
+    return text[: match.start("body")] + body + text[match.end("body") :]
 
 
-def regenerate(text: str, render: Render, name: str) -> str:
-    matches = list(REGION.finditer(text))
-    if not matches:
-        raise ValueError(f"{name}: no generated knobs region")
-    pieces, start = [], 0
-    for match in matches:
-        image = match.group("image") or "spark"
-        if image not in IMAGES:
-            raise ValueError(f"{name}: unknown image {image!r} in a knobs region")
-        pieces += [
-            text[start : match.start("body")],
-            "\n".join(render(match.group("indent"), image)) + "\n",
-        ]
-        start = match.end("body")
-    return "".join(pieces) + text[start:]
+def sync_regions(
+    repo: Path, targets: list[tuple[str, str, Callable[[str], list[str]]]], check: bool
+) -> list[str]:
+    """Rewrite (or with check, only compare) each (file, tag, render) region; return the
+    files that drifted."""
+    drifted: list[str] = []
+    for name, tag, render in targets:
+        path = repo / name
+        text = path.read_text()
+        fresh = regenerate(text, render, name, tag)
+        if fresh != text:
+            if name not in drifted:
+                drifted.append(name)
+            if not check:
+                path.write_text(fresh)
+    return drifted
 
 
 def sync(repo: Path, check: bool) -> list[str]:
     """Rewrite (or with check, only compare) every target; return the names that drifted."""
-    drifted: list[str] = []
-    for name, render in TARGETS.items():
-        path = repo / name
-        text = path.read_text()
-        fresh = regenerate(text, render, name)
-        if fresh != text:
-            drifted.append(name)
-            if not check:
-                path.write_text(fresh)
-    return drifted
+    return sync_regions(repo, TARGETS, check)

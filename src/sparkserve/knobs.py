@@ -184,8 +184,9 @@ KNOBS: tuple[Knob, ...] = (
              "GPU_MEM leaves after profiling; empty lets GPU_MEM decide. The CPU build of vLLM "
              "would otherwise take most of the host's memory."),
     Knob("MAX_NUM_SEQS", "int", "3", minimum=1, maximum=256, group="memory",
-         why="Requests served at once; 3 keeps the KV pool above one full-length request "
-             "each on a Spark."),
+         why="Requests served at once. On a Spark the default KV pool holds about 1.6 "
+             "full-length requests (sparkserve plan), so 3 run together while they average "
+             "under about 140k tokens; more wait."),
     Knob("MAX_BATCHED_TOKENS", "int", "8192", minimum=256, maximum=65536, group="memory",
          why="Tokens per scheduler step (chunked prefill). 4096 gained only about 2.5k KV "
              "tokens on a Spark and slowed prefill."),
@@ -196,8 +197,9 @@ KNOBS: tuple[Knob, ...] = (
          why="1 restores vLLM's CUDA-graph memory estimate, which over-counts on "
              "GatedDeltaNet models (vLLM issue #50780) and shrinks the KV pool."),
     Knob("SPARK_KEEP_BF16_LMHEAD", "bool", "0", group="memory",
-         why="1 keeps the bf16 lm-head instead of the plugin's int8 copy (about 0.7 GiB "
-             "back to the KV pool, half the head's memory traffic)."),
+         why="1 turns the int8 lm-head off: vLLM's bf16 head serves, costing about 0.7 GiB "
+             "of KV pool and twice the head's memory traffic (in the design note, 1 kept a "
+             "bf16 copy next to the int8 one)."),
     # The memory guard (sparkserve guard, docs/MEMORY.md)
     Knob("GUARD", "bool", "1", group="memory",
          why="1 starts the memory guard next to vLLM: it stops vLLM (SIGTERM, then SIGKILL) "
@@ -272,13 +274,19 @@ def image_of(env: Mapping[str, str]) -> Image:
     return value  # type: ignore[return-value]
 
 
+def knob_value(
+    name: str, env: Mapping[str, str], launcher: Launcher = "dflash", given: str | None = None
+) -> str:
+    """One knob's value as `launcher` sees it: `given` (an option), else `env`, else its
+    default for that launcher and image (unset, or empty where empty is not allowed);
+    validated."""
+    knob = BY_NAME[name]
+    raw = given if given is not None else env.get(name)
+    if raw is None or (raw.strip() == "" and not knob.empty_ok):
+        raw = knob.default_for(launcher, image_of(env))
+    return knob.check(raw)
+
+
 def resolve(env: Mapping[str, str], launcher: Launcher) -> dict[str, str]:
     """Each knob of `launcher` from `env` (unset or empty: its default), validated."""
-    image = image_of(env)
-    values: dict[str, str] = {}
-    for knob in knobs_for(launcher):
-        raw = env.get(knob.name)
-        if raw is None or (raw.strip() == "" and not knob.empty_ok):
-            raw = knob.default_for(launcher, image)
-        values[knob.name] = knob.check(raw)
-    return values
+    return {knob.name: knob_value(knob.name, env, launcher) for knob in knobs_for(launcher)}

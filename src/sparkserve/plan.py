@@ -4,26 +4,39 @@ From the target's (and drafter's) config.json, the checkpoint's size, the machin
 and the memory knobs, it prints the weights, the KV geometry vLLM will choose (computed with
 vLLM's own classes: sparkserve.memory.kv), the KV pool in tokens, the concurrency at
 MAX_MODEL_LEN, the memory left to the OS, a bandwidth-bound decode ceiling, and the largest
-GPU_MEM that keeps OS_RESERVE_GB. docs/MEMORY.md explains each line and its assumptions.
+GPU_MEM that keeps OS_RESERVE_GB. It counts the memory the int8 lm-head gives back
+(SPARK_KEEP_BF16_LMHEAD=0) and vLLM's CUDA-graph estimate when it is on
+(VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS=1), and says so. docs/MEMORY.md explains each line
+and its assumptions.
 
 Exit status: 0 it fits; 1 it does not (the reason is printed); 2 bad input (one line);
-3 vLLM is not importable here (the lines that do not need it are still printed).
+3 the KV geometry could not be computed here (vLLM not importable; the lines that do not need
+it are still printed, and the verdict says "unknown", never "does not fit").
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
-import sys
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from sparkserve.knobs import BY_NAME, KnobError
-from sparkserve.memory import one_line_errors
+from sparkserve.command_line import (
+    EXIT_BAD_INPUT,
+    EXIT_FAILED,
+    EXIT_OK,
+    EXIT_STOPPED,
+    NumberOption,
+    UsageError,
+    add_numbers,
+    fail,
+    one_line_errors,
+)
+from sparkserve.knobs import KnobError, knob_value
+from sparkserve.memory.budget import budget_problem, largest_gpu_mem
 from sparkserve.memory.checkpoint import (
     CheckpointError,
     Weights,
@@ -34,9 +47,14 @@ from sparkserve.memory.checkpoint import (
     weights,
 )
 from sparkserve.memory.host import GIB, read_meminfo
-from sparkserve.memory.kv import BACKENDS, GeometryError, KvPlan, KvRequest, VllmMissing, plan_kv
-
-EXIT_FITS, EXIT_DOES_NOT_FIT, EXIT_BAD_INPUT, EXIT_NO_VLLM = 0, 1, 2, 3
+from sparkserve.memory.kv import (
+    BACKENDS,
+    GeometryError,
+    KvGeometry,
+    KvRequest,
+    VllmMissing,
+    kv_geometry,
+)
 
 # Spark figures (docs/MEMORY.md, shared FACTS): LPDDR5X bandwidth on the datasheet and as
 # measured by others; the memory the OS sees.
@@ -47,10 +65,10 @@ SPARK_MEM_TOTAL_GIB = 119.7
 # MAX_BATCHED_TOKENS, the CUDA context, sampler and CUDA-graph pools). Calibrate it from a
 # server log: GPU_MEM x total - "Model loading took W GiB" - "Available KV cache memory: K GiB".
 DEFAULT_OVERHEAD_GIB = 3.0
-
-
-class PlanInputError(ValueError):
-    """Bad input; the message is one line naming the value and what is allowed."""
+# Assumption: the share of the KV memory vLLM's CUDA-graph estimate takes on a GatedDeltaNet
+# model when VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS=1 (vLLM issue #50780 reports 18-24%).
+DEFAULT_CUDAGRAPH_SHARE = 0.21
+INT8_SCALE_BYTES = 4  # one float32 scale per row of the int8 head
 
 
 @dataclass
@@ -67,7 +85,9 @@ class Plan:
     kv_bytes: int
     os_left_bytes: int
     largest_gpu_mem: float
-    kv: KvPlan | None = None
+    lmhead_reclaim_bytes: int = 0
+    cudagraph_bytes: int = 0
+    kv: KvGeometry | None = None
     kv_error: str | None = None
     decode_ceiling: dict[str, float] = field(default_factory=dict)
     problems: list[str] = field(default_factory=list)
@@ -80,27 +100,23 @@ class Plan:
 # ---------------------------------------------------------------- inputs
 
 
-def _knob_value(name: str, given: str | None, env: Mapping[str, str], launcher: str) -> str:
-    """An option's value: given, else the environment, else the registry's default; checked
-    against the registry so that the rule and the message match the launchers'."""
-    knob = BY_NAME[name]
-    raw = given if given is not None else env.get(name, "")
-    if raw.strip() == "":
-        raw = knob.default_for("mtp" if launcher == "mtp" else "dflash")
-    return knob.check(raw)
-
-
-def _positive(kind: Callable[[str], float], low: float, high: float, what: str) -> Any:
-    def parse(text: str) -> float:
-        try:
-            value = kind(text)
-        except ValueError:
-            value = math.nan
-        if not (math.isfinite(value) and low <= value <= high):
-            raise argparse.ArgumentTypeError(f"{text!r}: {what} must be from {low:g} to {high:g}")
-        return value
-
-    return parse
+NUMBER_OPTIONS: tuple[NumberOption, ...] = (
+    ("--mem-total-gib", float, 1, 4096, None,
+     "the machine's memory (default: MemTotal; a Spark: 119.7)"),
+    ("--weights-gib", float, 0, 4096, None,
+     "target weights when the checkpoint's files are not here"),
+    ("--drafter-weights-gib", float, 0, 1024, None, "drafter weights when its files are not here"),
+    ("--active-gib", float, 0, 4096, None,
+     "weights read per decoded token (default: from the checkpoint's expert tensors)"),
+    ("--overhead-gib", float, 0, 256, DEFAULT_OVERHEAD_GIB,
+     f"non-KV, non-weight memory inside vLLM's share (default {DEFAULT_OVERHEAD_GIB})"),
+    ("--cudagraph-share", float, 0, 0.9, DEFAULT_CUDAGRAPH_SHARE,
+     f"KV share vLLM's CUDA-graph estimate takes when on (default {DEFAULT_CUDAGRAPH_SHARE})"),
+    ("--kv-cache-memory-bytes", int, 1, 2**50, None,
+     "a fixed KV pool, as vLLM's flag of that name (skips the GPU_MEM arithmetic)"),
+    ("--bandwidth-gbs", float, 1, 100000, BANDWIDTH_DATASHEET_GBS,
+     "memory bandwidth for the decode ceiling"),
+)  # fmt: skip
 
 
 def add_command(commands: Any) -> None:
@@ -125,37 +141,12 @@ def add_command(commands: Any) -> None:
     add("--max-batched-tokens", help="default: $MAX_BATCHED_TOKENS")
     add("--os-reserve-gb", help="default: $OS_RESERVE_GB")
     add("--prefix-cache", help="0 or 1 (default: $PREFIX_CACHE)")
+    add("--keep-bf16-lmhead", help="0 or 1 (default: $SPARK_KEEP_BF16_LMHEAD)")
     add(
-        "--mem-total-gib",
-        type=_positive(float, 1, 4096, "--mem-total-gib"),
-        help="the machine's memory (default: MemTotal from /proc/meminfo; a Spark: 119.7)",
+        "--estimate-cudagraphs",
+        help="0 or 1 (default: $VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS)",
     )
-    add(
-        "--weights-gib",
-        type=_positive(float, 0, 4096, "--weights-gib"),
-        help="target weights when the checkpoint's files are not here",
-    )
-    add(
-        "--drafter-weights-gib",
-        type=_positive(float, 0, 1024, "--drafter-weights-gib"),
-        help="drafter weights when its files are not here",
-    )
-    add(
-        "--active-gib",
-        type=_positive(float, 0, 4096, "--active-gib"),
-        help="weights read per decoded token (default: from the checkpoint's expert tensors)",
-    )
-    add(
-        "--overhead-gib",
-        type=_positive(float, 0, 256, "--overhead-gib"),
-        default=DEFAULT_OVERHEAD_GIB,
-        help=f"non-KV, non-weight memory inside vLLM's share (default {DEFAULT_OVERHEAD_GIB})",
-    )
-    add(
-        "--kv-cache-memory-bytes",
-        type=_positive(int, 1, 2**50, "--kv-cache-memory-bytes"),
-        help="a fixed KV pool, as vLLM's flag of that name (skips the GPU_MEM arithmetic)",
-    )
+    add_numbers(parser, NUMBER_OPTIONS)
     add(
         "--platform",
         choices=("cuda", "cpu"),
@@ -175,21 +166,15 @@ def add_command(commands: Any) -> None:
         default=0,
         help="1: count the prefill checkpoint page of FlashInfer's GDN prefill (vLLM 0.33)",
     )
-    add(
-        "--bandwidth-gbs",
-        type=_positive(float, 1, 100000, "--bandwidth-gbs"),
-        default=BANDWIDTH_DATASHEET_GBS,
-        help="memory bandwidth for the decode ceiling",
-    )
     add("--json", action="store_true", help="print one JSON object instead of the table")
-    one_line_errors(parser, "sparkserve plan", EXIT_BAD_INPUT)
+    one_line_errors(parser, "sparkserve plan")
     parser.set_defaults(run=run)
 
 
 def _resolve_inputs(args: argparse.Namespace, env: Mapping[str, str]) -> dict[str, Any]:
     launcher = "mtp" if args.method == "mtp" else "dflash"
     values = {
-        name: _knob_value(name, getattr(args, option), env, launcher)
+        name: knob_value(name, env, launcher, getattr(args, option))
         for name, option in (
             ("MODEL", "model"),
             ("NUM_SPEC_TOKENS", "num_spec_tokens"),
@@ -199,10 +184,12 @@ def _resolve_inputs(args: argparse.Namespace, env: Mapping[str, str]) -> dict[st
             ("MAX_BATCHED_TOKENS", "max_batched_tokens"),
             ("OS_RESERVE_GB", "os_reserve_gb"),
             ("PREFIX_CACHE", "prefix_cache"),
+            ("SPARK_KEEP_BF16_LMHEAD", "keep_bf16_lmhead"),
+            ("VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS", "estimate_cudagraphs"),
         )
     }
     if args.method == "dflash":
-        values["DRAFT_MODEL"] = _knob_value("DRAFT_MODEL", args.drafter, env, launcher)
+        values["DRAFT_MODEL"] = knob_value("DRAFT_MODEL", env, launcher, args.drafter)
     return values
 
 
@@ -221,8 +208,26 @@ def _active_bytes(
     return int(total - idle), f"weights less {experts - per_token} of {experts} experts"
 
 
+def lmhead_reclaim_bytes(config: dict[str, Any]) -> int:
+    """Memory the int8 lm-head plugin gives back to the KV pool: a bf16 head of
+    vocab x hidden less its int8 copy and per-row scales; 0 for a head tied to the embedding
+    (the plugin leaves those alone)."""
+    text = text_config(config)
+    tied = text.get("tie_word_embeddings", config.get("tie_word_embeddings", False))
+    vocab, hidden = text.get("vocab_size"), text.get("hidden_size")
+    if tied or not (vocab and hidden):
+        return 0
+    return int(vocab) * int(hidden) * 2 - int(vocab) * (int(hidden) + INT8_SCALE_BYTES)
+
+
+def _fixed_pool_problem(values: Mapping[str, str], left: int) -> str:
+    return (
+        f"leaves {left / GIB:.1f} GiB to the OS, less than OS_RESERVE_GB={values['OS_RESERVE_GB']}"
+    )
+
+
 def make_plan(args: argparse.Namespace, env: Mapping[str, str]) -> Plan:
-    """Everything but the exit status; PlanInputError / CheckpointError / KnobError on input."""
+    """Everything but the exit status; UsageError / CheckpointError / KnobError on input."""
     values = _resolve_inputs(args, env)
     home = hf_home(dict(env))
     target_dir = locate(values["MODEL"], home)
@@ -233,7 +238,7 @@ def make_plan(args: argparse.Namespace, env: Mapping[str, str]) -> Plan:
     elif found is not None:
         weights_bytes, source = found.bytes, found.source
     else:
-        raise PlanInputError(
+        raise UsageError(
             f"MODEL={values['MODEL']}: no safetensors files or index in {target_dir}; "
             "pass --weights-gib"
         )
@@ -257,13 +262,20 @@ def make_plan(args: argparse.Namespace, env: Mapping[str, str]) -> Plan:
     reserve = float(values["OS_RESERVE_GB"]) * GIB
     share = int(gpu_mem * total)
     overhead = int(args.overhead_gib * GIB)
+    reclaim = lmhead_reclaim_bytes(config) if values["SPARK_KEEP_BF16_LMHEAD"] == "0" else 0
+    loaded = weights_bytes + drafter_bytes - reclaim
+    cudagraph = 0
     if args.kv_cache_memory_bytes is not None:
         kv_bytes = int(args.kv_cache_memory_bytes)
-        used = weights_bytes + drafter_bytes + overhead + kv_bytes
+        used = loaded + overhead + kv_bytes
+        problem = None if total - used >= reserve else _fixed_pool_problem(values, total - used)
     else:
-        kv_bytes = share - weights_bytes - drafter_bytes - overhead
+        available = share - loaded - overhead
+        if values["VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS"] == "1" and args.platform == "cuda":
+            cudagraph = int(max(available, 0) * args.cudagraph_share)
+        kv_bytes = available - cudagraph
         used = share
-    largest = max(0.0, min(BY_NAME["GPU_MEM"].maximum or 1.0, 1 - reserve / total))
+        problem = budget_problem(values["GPU_MEM"], values["OS_RESERVE_GB"], total)
     active, active_source = _active_bytes(args, config, found, weights_bytes)
     inputs = dict(values)
     inputs |= {
@@ -272,6 +284,7 @@ def make_plan(args: argparse.Namespace, env: Mapping[str, str]) -> Plan:
         "target_dir": str(target_dir),
         "drafter_dir": str(drafter_dir) if drafter_dir else None,
         "overhead_gib": args.overhead_gib,
+        "cudagraph_share": args.cudagraph_share,
         "kv_cache_memory_bytes": args.kv_cache_memory_bytes,
     }
     plan = Plan(
@@ -286,19 +299,17 @@ def make_plan(args: argparse.Namespace, env: Mapping[str, str]) -> Plan:
         vllm_share_bytes=used,
         kv_bytes=kv_bytes,
         os_left_bytes=total - used,
-        largest_gpu_mem=math.floor(largest * 100) / 100,
+        largest_gpu_mem=largest_gpu_mem(float(values["OS_RESERVE_GB"]), total),
+        lmhead_reclaim_bytes=reclaim,
+        cudagraph_bytes=cudagraph,
     )
-    if total - used < reserve:
-        plan.problems.append(
-            f"leaves {(total - used) / GIB:.1f} GiB to the OS, less than "
-            f"OS_RESERVE_GB={values['OS_RESERVE_GB']}; the largest GPU_MEM that keeps it is "
-            f"{plan.largest_gpu_mem:.2f}"
-        )
+    if problem is not None:
+        plan.problems.append(problem)
     if kv_bytes <= 0:
         plan.problems.append(
             f"no memory left for the KV cache: GPU_MEM={values['GPU_MEM']} of "
             f"{total / GIB:.1f} GiB is {share / GIB:.1f} GiB, the weights and overhead take "
-            f"{(weights_bytes + drafter_bytes + overhead) / GIB:.1f} GiB"
+            f"{(loaded + overhead + cudagraph) / GIB:.1f} GiB"
         )
         return plan
     backend = args.attention_backend or ("CPU_ATTN" if args.platform == "cpu" else "TRITON_ATTN")
@@ -317,7 +328,7 @@ def make_plan(args: argparse.Namespace, env: Mapping[str, str]) -> Plan:
         mamba_checkpoint_blocks=args.mamba_checkpoint_blocks,
     )
     try:
-        plan.kv = plan_kv(request)
+        plan.kv = kv_geometry(request)
     except VllmMissing as error:
         plan.kv_error = str(error)
         return plan
@@ -340,7 +351,7 @@ def make_plan(args: argparse.Namespace, env: Mapping[str, str]) -> Plan:
     return plan
 
 
-def _decode_ceiling(plan: Plan, kv: KvPlan, bandwidth_gbs: float) -> dict[str, float]:
+def _decode_ceiling(plan: Plan, kv: KvGeometry, bandwidth_gbs: float) -> dict[str, float]:
     """tok/s <= bandwidth / bytes read per decoded token (one stream, no speculation)."""
     if plan.active_bytes is None:
         return {}
@@ -368,6 +379,30 @@ def _g(value: float) -> str:
     return f"{value / GIB:.2f} GiB"
 
 
+def _lmhead_line(plan: Plan) -> str:
+    if plan.inputs["SPARK_KEEP_BF16_LMHEAD"] == "1":
+        return "kept in bf16 (SPARK_KEEP_BF16_LMHEAD=1): nothing given back"
+    if not plan.lmhead_reclaim_bytes:
+        return "nothing given back: the head is tied to the embedding (the plugin skips it)"
+    return (
+        f"gives {_g(plan.lmhead_reclaim_bytes)} of the weights back to the KV pool "
+        "(SPARK_KEEP_BF16_LMHEAD=0; a bf16 head in the checkpoint assumed)"
+    )
+
+
+def _cudagraph_line(plan: Plan) -> str:
+    if plan.inputs["VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS"] == "0":
+        return "off (VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS=0): nothing charged"
+    if plan.inputs["platform"] != "cuda":
+        return "on, but no CUDA graphs on this platform: nothing charged"
+    if plan.inputs["kv_cache_memory_bytes"] is not None:
+        return "on, but --kv-cache-memory-bytes fixes the pool: nothing charged"
+    return (
+        f"on: {_g(plan.cudagraph_bytes)} charged, {plan.inputs['cudagraph_share']:.0%} of the "
+        "KV memory (assumed, --cudagraph-share; vLLM #50780 reports 18-24% on GatedDeltaNet)"
+    )
+
+
 def render(plan: Plan) -> str:
     i = plan.inputs
     rows: list[tuple[str, str]] = [
@@ -381,7 +416,9 @@ def render(plan: Plan) -> str:
         ("GPU_MEM", f"{i['GPU_MEM']} -> vLLM share {_g(plan.vllm_share_bytes)}"),
         ("weights", f"{_g(plan.weights_bytes)} ({plan.weights_source})"),
         ("drafter weights", _g(plan.drafter_weights_bytes)),
+        ("int8 lm-head", _lmhead_line(plan)),
         ("overhead (assumed)", f"{_g(plan.overhead_bytes)} activations, CUDA context, graphs"),
+        ("CUDA-graph estimate", _cudagraph_line(plan)),
         ("KV memory", _g(plan.kv_bytes)),
     ]
     kv = plan.kv
@@ -439,8 +476,13 @@ def render(plan: Plan) -> str:
         )
     if "note" in i:
         rows.append(("note", i["note"]))
-    verdict = "fits" if plan.fits else ("unknown" if plan.kv is None and not plan.problems else "")
-    rows.append(("verdict", verdict or "does not fit: " + "; ".join(plan.problems)))
+    if plan.problems:
+        verdict = "does not fit: " + "; ".join(plan.problems)
+    elif plan.kv is None:
+        verdict = f"unknown: could not compute the KV geometry here ({plan.kv_error})"
+    else:
+        verdict = "fits"
+    rows.append(("verdict", verdict))
     width = max(len(name) for name, _ in rows)
     return "\n".join(f"{name:<{width}}  {value}" for name, value in rows)
 
@@ -455,11 +497,9 @@ def run(args: argparse.Namespace, env: Mapping[str, str] | None = None) -> int:
     env = os.environ if env is None else env
     try:
         plan = make_plan(args, env)
-    except (KnobError, CheckpointError, PlanInputError) as error:
-        print(f"sparkserve plan: {error}", file=sys.stderr)
-        return EXIT_BAD_INPUT
+    except (KnobError, CheckpointError, UsageError) as error:
+        return fail("sparkserve plan", error, EXIT_BAD_INPUT)
     print(to_json(plan) if args.json else render(plan))
     if plan.kv is None and not plan.problems:
-        print(f"sparkserve plan: {plan.kv_error}", file=sys.stderr)
-        return EXIT_NO_VLLM
-    return EXIT_FITS if plan.fits else EXIT_DOES_NOT_FIT
+        return fail("sparkserve plan", plan.kv_error, EXIT_STOPPED)
+    return EXIT_OK if plan.fits else EXIT_FAILED

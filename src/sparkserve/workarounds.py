@@ -1,8 +1,10 @@
-"""Known vLLM bugs the launchers work around, by release range."""
+"""Known vLLM bugs the launchers work around, by release range, each with what it adds to
+vLLM's command: its own arguments, or fields of the speculative config."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import json
+from dataclasses import dataclass, field
 
 from sparkserve.knobs import Launcher
 from sparkserve.versions import parse_release
@@ -16,6 +18,8 @@ class Workaround:
     launchers: tuple[Launcher, ...]
     needs_prefix_cache: bool
     reason: str
+    vllm_args: tuple[str, ...] = ()  # appended to `vllm serve`
+    speculative_fields: dict[str, object] = field(default_factory=dict)  # into its JSON
 
     def applies(self, version: str, launcher: Launcher, prefix_cache: bool) -> bool:
         try:
@@ -26,6 +30,12 @@ class Workaround:
             launcher in self.launchers
             and (prefix_cache or not self.needs_prefix_cache)
             and self.first[:2] <= release <= self.last[:2]
+        )
+
+    def speculative_json(self) -> str:
+        """The fields as they follow others inside the speculative config: `,"k":v`."""
+        return "".join(
+            f",{json.dumps(k)}:{json.dumps(v)}" for k, v in self.speculative_fields.items()
         )
 
 
@@ -40,6 +50,7 @@ WORKAROUNDS: tuple[Workaround, ...] = (
             "EAGLE's trailing-block drop is applied to DFlash, so prefix lookups miss "
             '(vLLM issue #51250, fixed in 0.33.0): adding "disable_eagle_block_drop": true'
         ),
+        speculative_fields={"disable_eagle_block_drop": True},
     ),
     Workaround(
         env="WORKAROUND_MAMBA_ALIGN_FLAG",
@@ -51,5 +62,6 @@ WORKAROUNDS: tuple[Workaround, ...] = (
             "prefix caching on a hybrid model needs Mamba align mode, which releases before "
             "0.33 take only from --mamba-cache-mode align: adding it"
         ),
+        vllm_args=("--mamba-cache-mode", "align"),
     ),
 )

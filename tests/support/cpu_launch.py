@@ -19,7 +19,8 @@ from support.vllm_server import LOOPBACK, VllmServer, free_port
 REPO = Path(__file__).resolve().parents[2]
 LAUNCHERS = {"dflash": REPO / "serve.sh", "mtp": REPO / "mtp_serve.sh"}
 MODEL_NAME = "tiny"
-KV_CACHE_BYTES = 256 * 1024 * 1024
+KV_CACHE_BYTES = 256 * 1024 * 1024  # the shared server's pool (conftest.py)
+SECOND_SERVER_KV_BYTES = 200 * 1024 * 1024  # the second server's
 
 
 def cpu_python() -> str:

@@ -14,9 +14,7 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import json
-import os
-import signal
-import sys
+import math
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -24,58 +22,33 @@ from typing import Any
 from sparkserve import __version__
 from sparkserve.bench.prompts import KINDS
 from sparkserve.bench.report import markdown
-from sparkserve.bench.run import Bench, BenchAborted, BenchConfig
-from sparkserve.dotenv import DotenvError, with_dotenv
-from sparkserve.knobs import KnobError
-from sparkserve.stress.cli import (
-    EXIT_ABORTED,
-    EXIT_INTERRUPTED,
-    EXIT_USAGE,
-    UsageError,
-    add_server_options,
-    default_url,
-    knob_value,
-    one_line_errors,
-    out_dir,
-    positive,
-    resolve_model,
-    say,
-)
-from sparkserve.stress.plan import PlanError, parse_bank
-from sparkserve.stress.server import PreflightError, Server
+from sparkserve.bench.run import Bench, BenchConfig
+from sparkserve.client import tool
+from sparkserve.client.tool import UsageError, say
+from sparkserve.command_line import EXIT_OK, NumberOption
+from sparkserve.stress.bank import parse_bank
+
+PROG = "sparkserve bench"
+
+
+INF = math.inf
+NUMBER_OPTIONS: tuple[NumberOption, ...] = (
+    ("--gen-tokens", int, 2, INF, 256, "tokens each decode request generates (default 256)"),
+    ("--prefix-tokens", int, 16, INF, 4096,
+     "length of the shared prefix for the TTFT test (default 4096)"),
+    ("--ttft-rounds", int, 0, INF, 3,
+     "cold/warm pairs, the median is reported; 0 skips the test (default 3)"),
+)  # fmt: skip
+
+HELP = "TTFT, decode speed, speculative acceptance and prefix-cache hits of a server"
+LEVELS = ("--concurrency", "levels to measure, e.g. 1,2,3 (default: 1..MAX_NUM_SEQS)")
 
 
 def add_command(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    parser = commands.add_parser(
-        "bench",
-        help="TTFT, decode speed, speculative acceptance and prefix-cache hits of a server",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    one_line_errors(parser, "sparkserve bench")
-    add_server_options(parser)
-    parser.add_argument(
-        "--concurrency", help="levels to measure, e.g. 1,2,3 (default: 1..MAX_NUM_SEQS)"
-    )
-    parser.add_argument(
-        "--max-num-seqs", type=positive(int, "--max-num-seqs", 1),
-        help="the server's MAX_NUM_SEQS for the default levels (default: the knob)",
-    )  # fmt: skip
+    parser = tool.add_parser(commands, "bench", HELP, __doc__, LEVELS, NUMBER_OPTIONS)
     parser.add_argument(
         "--kinds", default=",".join(KINDS), help=f"prompt kinds (default {','.join(KINDS)})"
     )
-    parser.add_argument(
-        "--gen-tokens", type=positive(int, "--gen-tokens", 2), default=256,
-        help="tokens each decode request generates (default 256)",
-    )  # fmt: skip
-    parser.add_argument(
-        "--prefix-tokens", type=positive(int, "--prefix-tokens", 16), default=4096,
-        help="length of the shared prefix for the TTFT test (default 4096)",
-    )  # fmt: skip
-    parser.add_argument(
-        "--ttft-rounds", type=positive(int, "--ttft-rounds", 0), default=3,
-        help="cold/warm pairs, the median is reported; 0 skips the test (default 3)",
-    )  # fmt: skip
     parser.add_argument(
         "--api", choices=("chat", "completions"), default="chat",
         help="the endpoint to send to (default chat: the model's chat template)",
@@ -91,11 +64,7 @@ def parse_kinds(text: str) -> tuple[str, ...]:
 
 
 def run(args: argparse.Namespace, env: Mapping[str, str] | None = None) -> int:
-    try:
-        return _run(args, with_dotenv(os.environ if env is None else env, args.env_file))
-    except (UsageError, PlanError, KnobError, PreflightError, DotenvError) as exc:
-        print(f"sparkserve bench: {exc}", file=sys.stderr)
-        return EXIT_USAGE
+    return tool.checked(PROG, lambda: _run(args, tool.environment(args, env)))
 
 
 def _run(args: argparse.Namespace, env: Mapping[str, str]) -> int:
@@ -103,9 +72,8 @@ def _run(args: argparse.Namespace, env: Mapping[str, str]) -> int:
     if args.concurrency is not None:
         levels = parse_bank(args.concurrency, "--concurrency")
     else:
-        levels = list(range(1, (args.max_num_seqs or int(knob_value("MAX_NUM_SEQS", env))) + 1))
-    server = Server(args.url or default_url(env), knob_value("API_KEY", env), args.request_timeout)
-    info = server.probe(resolve_model(args, env))
+        levels = list(range(1, tool.max_num_seqs(args, env) + 1))
+    server, info = tool.connect(args, env)
     if info.max_model_len is not None:
         need = max(args.prefix_tokens + 64, 1024 + args.gen_tokens)
         if need > info.max_model_len:
@@ -114,9 +82,7 @@ def _run(args: argparse.Namespace, env: Mapping[str, str]) -> int:
                 f"{args.gen_tokens} need {need} tokens; the server's max_model_len is "
                 f"{info.max_model_len}"
             )
-    out = out_dir(args.out, "bench")
-    if out.exists() and not out.is_dir():
-        raise UsageError(f"bad --out {str(out)!r}: exists and is not a folder")
+    out = tool.output_folder(args.out, "bench")
     out.mkdir(parents=True, exist_ok=True)
     config = BenchConfig(
         kinds=kinds,
@@ -132,25 +98,20 @@ def _run(args: argparse.Namespace, env: Mapping[str, str]) -> int:
     )
     bench = Bench(server, info.model, config, say=say)
     started = dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
-    status, error, measured = "done", None, {}
-    previous = signal.getsignal(signal.SIGINT)
-    signal.signal(signal.SIGINT, signal.default_int_handler)
-    try:
-        measured = bench.run()
-    except BenchAborted as exc:
-        status, error = "aborted", str(exc)
-    except KeyboardInterrupt:
-        status, error = "interrupted", "interrupted (SIGINT): partial results"
-    finally:
-        signal.signal(signal.SIGINT, previous)
-    if status != "done":
+    measured: dict[str, Any] = {}
+
+    def work() -> None:
+        measured.update(bench.run())
+
+    outcome = tool.run_cut_short(work)
+    if outcome.status != "done":
         measured = getattr(bench, "partial", {"ttft": None, "decode": []})
     result: dict[str, Any] = {
-        "tool": "sparkserve bench",
+        "tool": PROG,
         "version": __version__,
         "started_at": started,
-        "status": {"done": "DONE", "aborted": "ERROR"}.get(status, "INTERRUPTED"),
-        "error": error,
+        "status": outcome.label("DONE"),
+        "error": outcome.error,
         "url": server.url,
         "model": info.model,
         "max_model_len": info.max_model_len,
@@ -169,22 +130,19 @@ def _run(args: argparse.Namespace, env: Mapping[str, str]) -> int:
         "files": {"json": "bench.json", "markdown": "bench.md", "png": "bench.png"},
     }
     write_outputs(out, result)
-    if error:
-        say(f"[bench] {error}")
+    if outcome.error:
+        say(f"[bench] {outcome.error}")
     print(markdown(result), end="", flush=True)
     say(f"[bench] wrote {out}/bench.json, bench.md, bench.png")
-    if status == "aborted":
-        return EXIT_ABORTED
-    return EXIT_INTERRUPTED if status == "interrupted" else 0
+    return outcome.exit_code(EXIT_OK)
 
 
 def write_outputs(out: Path, result: dict[str, Any]) -> None:
-    try:
+    def draw() -> None:
         from sparkserve.bench.report import plot
 
         plot(result, out / "bench.png")
-    except ImportError as exc:
-        result["files"]["png"] = None
-        say(f"[bench] no plot: {exc} (install matplotlib)")
+
+    tool.plot_or_note(result, draw, "bench")
     (out / "bench.md").write_text(markdown(result))
     (out / "bench.json").write_text(json.dumps(result, indent=2) + "\n")

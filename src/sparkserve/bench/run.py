@@ -15,12 +15,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from sparkserve.bench import prompts
-from sparkserve.stress import metrics
-from sparkserve.stress.server import Server, ServerError, StreamResult
-
-
-class BenchAborted(RuntimeError):
-    """A request failed (the server stopped, or refused it)."""
+from sparkserve.client import metrics
+from sparkserve.client.server import Server, ServerError, StreamResult
+from sparkserve.client.tool import RunAborted
 
 
 @dataclass(frozen=True)
@@ -78,7 +75,7 @@ class Bench:
                 before = self.server.settled_metrics()
                 result = self.server.stream_completion(self.model, text, 8, ignore_eos=True)
                 if result.error:
-                    raise BenchAborted(f"TTFT {label}: {result.error}")
+                    raise RunAborted(f"TTFT {label}: {result.error}")
                 after = self.server.settled_metrics()
                 row[label] = {
                     "ttft_s": result.ttft_s,
@@ -128,7 +125,7 @@ class Bench:
         done = [r for r in results if r is not None]
         failed = [r.error for r in done if r.error]
         if failed:
-            raise BenchAborted(f"{kind} at concurrency {concurrency}: {failed[0]}")
+            raise RunAborted(f"{kind} at concurrency {concurrency}: {failed[0]}")
         per_stream = [r.decode_tok_s for r in done if r.decode_tok_s is not None]
         firsts = [r.first_token for r in done if r.first_token is not None]
         lasts = [r.last_token for r in done if r.last_token is not None]
@@ -172,9 +169,9 @@ class Bench:
         if self.config.ttft_rounds > 0:
             self.partial["ttft"] = self.ttft()
         cells: list[dict[str, Any]] = []
-        plan = [(k, c) for k in self.config.kinds for c in self.config.concurrency]
-        for i, (kind, level) in enumerate(plan, 1):
-            cells.append(self.cell(kind, level, i, len(plan)))
+        grid = [(k, c) for k in self.config.kinds for c in self.config.concurrency]
+        for i, (kind, level) in enumerate(grid, 1):
+            cells.append(self.cell(kind, level, i, len(grid)))
             self.partial["decode"] = [_public(c) for c in cells]
         end = self.server.settled_metrics()
         by_kind = {}

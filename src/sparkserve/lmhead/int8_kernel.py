@@ -55,6 +55,7 @@ __all__ = [
     "gluon_config",
     "int8_linear",
     "launch_constexprs",
+    "preferred_layout",
     "quantize_rows_int8",
     "select_config",
     "wgmma_config",
@@ -401,6 +402,17 @@ def _triton_int8_linear(
             os.environ.pop("DISABLE_MMA_V3", None)
         else:
             os.environ["DISABLE_MMA_V3"] = saved
+
+
+def preferred_layout(device: torch.device) -> str:
+    """``wgmma`` on an sm_90 GPU whose Triton has Gluon's Hopper module, else ``rows``."""
+    if device.type != "cuda" or not torch.cuda.is_available():
+        return layout.ROWS
+    if torch.cuda.get_device_capability(device) != (9, 0):
+        return layout.ROWS  # wgmma is sm_90a only; GB10 (sm_121) and Ampere use mma.sync
+    from . import int8_wgmma
+
+    return layout.WGMMA if int8_wgmma.HAS_WGMMA else layout.ROWS
 
 
 def wgmma_config(cfg: KernelConfig) -> Any:

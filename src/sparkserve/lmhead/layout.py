@@ -16,7 +16,7 @@ operand taken straight from registers.
   the padding never reaches an output (stores are masked by the true N, which the scale's length
   gives).
 
-The layout is chosen once, when the head is quantised, by ``preferred_layout``.
+The layout is chosen once, when the head is quantised, by ``int8_kernel.preferred_layout``.
 """
 
 from __future__ import annotations
@@ -31,7 +31,6 @@ __all__ = [
     "logical_columns",
     "pack",
     "packed_rows",
-    "preferred_layout",
     "row_block",
     "unpack",
 ]
@@ -41,17 +40,6 @@ WGMMA = "wgmma"
 LAYOUTS = (ROWS, WGMMA)
 PERM_CHUNK = 64  # K is permuted inside chunks of this many columns
 TILE_ROWS = 128  # rows per tile (and per program of the kernels that read the layout)
-
-
-def preferred_layout(device: torch.device) -> str:
-    """``wgmma`` on an sm_90 GPU whose Triton has Gluon's Hopper module, else ``rows``."""
-    if device.type != "cuda" or not torch.cuda.is_available():
-        return ROWS
-    if torch.cuda.get_device_capability(device) != (9, 0):
-        return ROWS  # wgmma is sm_90a only; GB10 (sm_121) and Ampere use mma.sync
-    from . import int8_wgmma
-
-    return WGMMA if int8_wgmma.HAS_WGMMA else ROWS
 
 
 def _check(layout: str) -> None:

@@ -28,7 +28,7 @@ from typing import Any
 import torch
 
 from sparkserve.lmhead import layout
-from sparkserve.lmhead.int8_kernel import int8_linear, quantize_rows_int8
+from sparkserve.lmhead.int8_kernel import int8_linear, preferred_layout, quantize_rows_int8
 
 logger = logging.getLogger("vllm.sparkserve.lmhead")
 
@@ -148,7 +148,7 @@ def convert_model(model: torch.nn.Module, drafter: torch.nn.Module | None = None
     report = HeadReport(path="int8", shape=list(weight.shape), dtype=str(weight.dtype))
     report.freed_bytes = weight.numel() * weight.element_size()
     q, scale = quantize_rows_int8(weight.detach())
-    report.layout = layout.preferred_layout(q.device)
+    report.layout = preferred_layout(q.device)
     packed = layout.pack(q, report.layout)
     del q  # the wgmma layout is a reordered copy
     report.int8_bytes = packed.numel() * packed.element_size() + scale.numel() * 4

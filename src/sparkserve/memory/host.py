@@ -1,52 +1,60 @@
-"""The host's memory, read straight from /proc (cheap enough to sample several times a second)."""
+"""The host's memory: psutil for the figures, /proc/vmstat for the swap traffic.
+
+psutil turns /proc/vmstat's pswpin/pswpout page counts into bytes at 4 KiB a page; an arm64
+kernel may use 16 or 64 KiB pages, so the swap counters are read here and scaled by the
+page size the kernel reports. Both reads are cheap enough to sample several times a second.
+"""
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
+import psutil
+
 GIB = 1024**3
-PAGE = 4096  # /proc/vmstat counts pswpout in pages
+MIB = 1024**2
+PAGE_BYTES = os.sysconf("SC_PAGE_SIZE")
 
 
 @dataclass(frozen=True)
 class MemInfo:
     total: int  # bytes
-    available: int
+    available: int  # MemAvailable
+    used: int  # total - available (psutil's figure)
     swap_total: int
-    swap_free: int
-
-    @property
-    def swap_used(self) -> int:
-        return self.swap_total - self.swap_free
+    swap_used: int
 
 
-def read_meminfo(path: Path = Path("/proc/meminfo")) -> MemInfo:
-    """MemTotal, MemAvailable and swap in bytes; ValueError naming the file on a bad one."""
-    fields: dict[str, int] = {}
-    with path.open("rb") as handle:
-        for line in handle:
-            name, _, rest = line.partition(b":")
-            if name in (b"MemTotal", b"MemAvailable", b"SwapTotal", b"SwapFree"):
-                fields[name.decode()] = int(rest.split()[0]) * 1024
-    missing = {"MemTotal", "MemAvailable"} - fields.keys()
-    if missing:
-        raise ValueError(f"{path}: no {' or '.join(sorted(missing))} line")
+def read_meminfo() -> MemInfo:
+    """This host's memory now, in bytes."""
+    memory = psutil.virtual_memory()
+    swap = psutil.swap_memory()
     return MemInfo(
-        total=fields["MemTotal"],
-        available=fields["MemAvailable"],
-        swap_total=fields.get("SwapTotal", 0),
-        swap_free=fields.get("SwapFree", 0),
+        total=memory.total,
+        available=memory.available,
+        used=memory.used,
+        swap_total=swap.total,
+        swap_used=swap.used,
     )
 
 
-def read_swap_out_pages(path: Path = Path("/proc/vmstat")) -> int:
-    """Pages written to swap since boot (pswpout); 0 where the kernel has no such line."""
+@dataclass(frozen=True)
+class SwapTraffic:
+    swapped_in: int  # bytes since boot
+    swapped_out: int
+
+
+def read_swap_traffic(path: Path = Path("/proc/vmstat")) -> SwapTraffic:
+    """Bytes read from and written to swap since boot; 0 where the kernel has no such line."""
+    pages = {b"pswpin": 0, b"pswpout": 0}
     with path.open("rb") as handle:
         for line in handle:
-            if line.startswith(b"pswpout "):
-                return int(line.split()[1])
-    return 0
+            name, _, value = line.partition(b" ")
+            if name in pages:
+                pages[name] = int(value)
+    return SwapTraffic(pages[b"pswpin"] * PAGE_BYTES, pages[b"pswpout"] * PAGE_BYTES)
 
 
 def gib(value: float) -> str:

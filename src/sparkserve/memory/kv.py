@@ -79,7 +79,7 @@ class KvGroup:
 
 
 @dataclass(frozen=True)
-class KvPlan:
+class KvGeometry:
     vllm_version: str
     attention_block: int
     mamba_block: int | None
@@ -112,19 +112,40 @@ def _quiet() -> Iterator[None]:
         vllm_logger.setLevel(level)
 
 
-def import_vllm() -> str:
-    """vLLM's version, or VllmMissing with why."""
+NO_GPU_NOTE = "no GPU here: the config is built on vLLM's CPU platform"
+
+
+def _platform_or_cpu() -> str | None:
+    """Before vLLM settles its platform: where it would find none (no GPU, no CPU build),
+    use its CPU platform, which builds the same config from config.json (the platform's
+    block-size step is taken separately, for the platform asked). A note when it did."""
+    if os.environ.get("VLLM_TARGET_DEVICE"):
+        return None
+    import vllm.platforms
+
+    if getattr(vllm.platforms, "_current_platform", None) is not None:
+        return None  # already settled in this process
+    if not vllm.platforms.resolve_current_platform_cls_qualname().endswith(".UnspecifiedPlatform"):
+        return None
+    os.environ["VLLM_TARGET_DEVICE"] = "cpu"
+    return NO_GPU_NOTE
+
+
+def import_vllm() -> tuple[str, str | None]:
+    """vLLM's version and a note on its platform, or VllmMissing with why."""
     os.environ.setdefault("VLLM_CONFIGURE_LOGGING", "0")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
     try:
         with _quiet():
             import vllm
+
+            note = _platform_or_cpu()
             from vllm.engine.arg_utils import EngineArgs  # noqa: F401
     except Exception as error:  # any import failure means "not usable here"
         why = f"{type(error).__name__}: {error}"
         raise VllmMissing(f"vLLM is not importable here ({why})") from None
-    return str(vllm.__version__)
+    return str(vllm.__version__), note
 
 
 def _engine_config(req: KvRequest) -> Any:
@@ -300,9 +321,9 @@ def _kv_configs(config: Any, specs: dict[str, Any], kv_bytes: int) -> Any:
     return kv_cache_utils.generate_scheduler_kv_cache_config(configs), configs[0]
 
 
-def plan_kv(req: KvRequest) -> KvPlan:
+def kv_geometry(req: KvRequest) -> KvGeometry:
     """What vLLM would allocate for `req`; GeometryError (one line) when it cannot."""
-    version = import_vllm()
+    version, platform_note = import_vllm()
     if req.platform == "cpu":
         os.environ["VLLM_TARGET_DEVICE"] = "cpu"
     try:
@@ -350,7 +371,9 @@ def plan_kv(req: KvRequest) -> KvPlan:
             (int(s.real_page_size_bytes) for s in specs.values() if hasattr(s, "shapes")), None
         )
     notes = [f"attention backend {backend.__name__} ({req.platform})"]
-    return KvPlan(
+    if platform_note:
+        notes.append(platform_note)
+    return KvGeometry(
         vllm_version=version,
         attention_block=int(cache.block_size),
         mamba_block=int(cache.mamba_block_size) if cache.mamba_block_size else None,

@@ -6,6 +6,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from sparkserve.command_line import EXIT_FAILED, EXIT_IO, EXIT_OK, EXIT_STOPPED
 from sparkserve.patching.engine import (
     Patch,
     PatchError,
@@ -16,11 +17,9 @@ from sparkserve.patching.engine import (
 )
 from sparkserve.patching.vllm_install import locate
 
-EXIT_OK = 0
-EXIT_NEEDED = 1  # --check only: the patch would change the file
-EXIT_USAGE = 2  # argparse's own code for bad arguments
-EXIT_UNRECOGNISED = 3  # code we do not know: nothing was changed
-EXIT_IO = 4  # the file could not be read or written: nothing was changed
+# The shared exit codes, as this command uses them.
+EXIT_NEEDED = EXIT_FAILED  # --check only: the patch would change the file
+EXIT_UNRECOGNISED = EXIT_STOPPED  # code we do not know: nothing was changed
 
 
 def build_parser(patch: Patch, prog: str) -> argparse.ArgumentParser:

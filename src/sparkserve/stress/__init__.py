@@ -1,6 +1,6 @@
 """`sparkserve stress`: load a running vLLM server until its KV pool fills, watch host memory.
 
-Modules: `server` (the OpenAI endpoint and /metrics over the standard library), `metrics`
-(Prometheus text and counter deltas), `sampler` (host and GPU memory at a fixed rate),
-`plan` (the concurrency bank and request sizes), `verdict`, `plot` and `cli`.
+Modules: `sampler` (host and GPU memory at a fixed rate), `bank` (the concurrency bank and
+request sizes), `run`, `verdict`, `plot` and `cli`. The server itself is reached through
+sparkserve.client.
 """

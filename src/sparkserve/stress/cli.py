@@ -12,169 +12,68 @@ import argparse
 import csv
 import datetime as dt
 import json
-import os
-import signal
-import sys
+import math
 import time
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any
 
 from sparkserve import __version__
-from sparkserve.dotenv import DotenvError, with_dotenv
-from sparkserve.knobs import BY_NAME, KnobError
-from sparkserve.stress import metrics
-from sparkserve.stress.plan import PlanError, default_bank, parse_bank, size_phases
-from sparkserve.stress.run import RunAborted, StressRun, kv_probe
+from sparkserve.client import metrics, tool
+from sparkserve.client.server import PreflightError, ServerError
+from sparkserve.client.tool import UsageError, say
+from sparkserve.command_line import EXIT_FAILED, EXIT_OK, NumberOption
+from sparkserve.knobs import knob_value
+from sparkserve.stress.bank import default_bank, parse_bank, size_phases
+from sparkserve.stress.run import StressRun, kv_probe
 from sparkserve.stress.sampler import MemorySampler, Sample
-from sparkserve.stress.server import PreflightError, Server, ServerError
 from sparkserve.stress.verdict import judge
 
-EXIT_PASS, EXIT_FAIL, EXIT_USAGE, EXIT_ABORTED, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
+PROG = "sparkserve stress"
 
 
-class UsageError(ValueError):
-    """Bad input; one line."""
+INF = math.inf
+NUMBER_OPTIONS: tuple[NumberOption, ...] = (
+    ("--os-reserve-gb", float, 0, INF, None,
+     "GiB MemAvailable must stay above (default: the OS_RESERVE_GB knob)"),
+    ("--swap-tolerance-mib", float, 0, INF, 0.0, "swap growth still counted as none (default 0)"),
+    ("--gen-tokens", int, 1, INF, 2048, "tokens each request generates (default 2048)"),
+    ("--prompt-tokens", int, 16, INF, None,
+     "fixed prompt length (default: sized so each level fills the KV pool)"),
+    ("--fill", float, 0, INF, 1.0,
+     "share of the KV pool each level's requests add up to (default 1.0)"),
+    ("--pool-tokens", int, 1, INF, None,
+     "KV pool size in tokens when /metrics lacks vllm:cache_config_info"),
+    ("--sample-hz", float, 5.0, INF, 10.0, "memory samples per second, 5 or more (default 10)"),
+    ("--settle-s", float, 0, INF, 3.0, "idle seconds before, between and after phases (default 3)"),
+    ("--progress-s", float, 0.1, INF, 5.0, "seconds between progress lines (default 5)"),
+)  # fmt: skip
 
-
-def knob_value(name: str, env: Mapping[str, str]) -> str:
-    """A registry knob from the environment (unset or empty: its default), validated."""
-    knob = BY_NAME[name]
-    raw = env.get(name, "").strip() or knob.default
-    return knob.check(raw)
-
-
-def default_url(env: Mapping[str, str]) -> str:
-    return f"http://127.0.0.1:{knob_value('PORT', env)}"
-
-
-def add_server_options(parser: argparse.ArgumentParser) -> None:
-    """Options the stress and bench commands share."""
-    parser.add_argument(
-        "--url", help="the server (default: http://127.0.0.1:$PORT, PORT from the knobs)"
-    )
-    parser.add_argument(
-        "--model",
-        help="served model name (default: $SERVED_MODEL_NAME if set, else the only one served)",
-    )
-    parser.add_argument("--out", type=Path, help="output folder (default: a new dated one)")
-    parser.add_argument(
-        "--env-file", type=Path,
-        help="a compose .env to read knobs from (PORT, API_KEY, ...); the environment wins",
-    )  # fmt: skip
-    parser.add_argument(
-        "--request-timeout", type=float, default=900.0, metavar="S",
-        help="seconds a request may wait for its next bytes (default 900)",
-    )  # fmt: skip
-
-
-def one_line_errors(parser: argparse.ArgumentParser, prog: str) -> None:
-    """Bad options end in one line naming the value and the rule (no usage dump)."""
-
-    def error(message: str) -> NoReturn:
-        if message.startswith("argument ") and ": bad " in message:
-            message = message[message.index(": bad ") + 2 :]
-        print(f"{prog}: {message} (--help lists the options)", file=sys.stderr)
-        raise SystemExit(EXIT_USAGE)
-
-    parser.error = error  # type: ignore[method-assign]
-
-
-def positive(kind: type[float] | type[int], name: str, low: float = 0.0) -> Any:
-    def check(text: str) -> float | int:
-        try:
-            value = kind(text)
-        except ValueError:
-            value = None
-        if value is None or value != value or value < low:  # NaN fails value != value
-            raise argparse.ArgumentTypeError(f"bad {name} {text!r}: must be a number >= {low:g}")
-        return value
-
-    return check
+HELP = "fill the server's KV pool at several concurrencies while watching host memory"
+LEVELS = ("--bank", "concurrency levels, e.g. 1,2,4 (default: 1,2,3,MAX_NUM_SEQS+1)")
 
 
 def add_command(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    parser = commands.add_parser(
-        "stress",
-        help="fill the server's KV pool at several concurrencies while watching host memory",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    one_line_errors(parser, "sparkserve stress")
-    add_server_options(parser)
-    parser.add_argument(
-        "--bank", help="concurrency levels, e.g. 1,2,4 (default: 1,2,3,MAX_NUM_SEQS+1)"
-    )
-    parser.add_argument(
-        "--max-num-seqs", type=positive(int, "--max-num-seqs", 1),
-        help="the server's MAX_NUM_SEQS for the default bank (default: the knob)",
-    )  # fmt: skip
-    parser.add_argument(
-        "--os-reserve-gb", type=positive(float, "--os-reserve-gb"),
-        help="GiB MemAvailable must stay above (default: the OS_RESERVE_GB knob)",
-    )  # fmt: skip
-    parser.add_argument(
-        "--swap-tolerance-mib", type=positive(float, "--swap-tolerance-mib"), default=0.0,
-        help="swap growth still counted as none (default 0)",
-    )  # fmt: skip
-    parser.add_argument(
-        "--gen-tokens", type=positive(int, "--gen-tokens", 1), default=2048,
-        help="tokens each request generates (default 2048)",
-    )  # fmt: skip
-    parser.add_argument(
-        "--prompt-tokens", type=positive(int, "--prompt-tokens", 16),
-        help="fixed prompt length (default: sized so each level fills the KV pool)",
-    )  # fmt: skip
-    parser.add_argument(
-        "--fill", type=positive(float, "--fill"), default=1.0,
-        help="share of the KV pool each level's requests add up to (default 1.0)",
-    )  # fmt: skip
-    parser.add_argument(
-        "--pool-tokens", type=positive(int, "--pool-tokens", 1),
-        help="KV pool size in tokens when /metrics lacks vllm:cache_config_info",
-    )  # fmt: skip
+    parser = tool.add_parser(commands, "stress", HELP, __doc__, LEVELS, NUMBER_OPTIONS)
     parser.add_argument(
         "--server-log", type=Path,
         help="a vLLM log to read the pool size from ('GPU KV cache size: N tokens')",
     )  # fmt: skip
-    parser.add_argument(
-        "--sample-hz", type=positive(float, "--sample-hz", 5.0), default=10.0,
-        help="memory samples per second, 5 or more (default 10)",
-    )  # fmt: skip
-    parser.add_argument(
-        "--settle-s", type=positive(float, "--settle-s"), default=3.0,
-        help="idle seconds before, between and after phases (default 3)",
-    )  # fmt: skip
-    parser.add_argument(
-        "--progress-s", type=positive(float, "--progress-s", 0.1), default=5.0,
-        help="seconds between progress lines (default 5)",
-    )  # fmt: skip
     parser.set_defaults(run=run)
 
 
-def resolve_model(args: argparse.Namespace, env: Mapping[str, str]) -> str | None:
-    if args.model:
-        return str(args.model)
-    name = env.get("SERVED_MODEL_NAME", "").strip()
-    return knob_value("SERVED_MODEL_NAME", env) if name else None
-
-
-def out_dir(given: Path | None, stem: str) -> Path:
-    if given is not None:
-        return given
-    return Path(f"{stem}-{dt.datetime.now():%Y%m%d-%H%M%S}")
-
-
-def say(line: str) -> None:
-    print(line, file=sys.stderr, flush=True)
-
-
 def run(args: argparse.Namespace, env: Mapping[str, str] | None = None) -> int:
+    return tool.checked(PROG, lambda: _run(args, tool.environment(args, env)))
+
+
+def _pool_from_log(path: Path) -> int:
     try:
-        return _run(args, with_dotenv(os.environ if env is None else env, args.env_file))
-    except (UsageError, PlanError, KnobError, PreflightError, DotenvError) as exc:
-        print(f"sparkserve stress: {exc}", file=sys.stderr)
-        return EXIT_USAGE
+        pool = metrics.pool_tokens_from_log(path.read_text(errors="replace"))
+    except OSError as exc:
+        raise UsageError(f"bad --server-log {str(path)!r}: {exc.strerror}") from None
+    if pool is None:
+        raise UsageError(f"bad --server-log {str(path)!r}: no 'GPU KV cache size' line in it")
+    return pool
 
 
 def _run(args: argparse.Namespace, env: Mapping[str, str]) -> int:
@@ -182,20 +81,12 @@ def _run(args: argparse.Namespace, env: Mapping[str, str]) -> int:
     reserve = args.os_reserve_gb
     if reserve is None:
         reserve = float(knob_value("OS_RESERVE_GB", env))
-    seqs = args.max_num_seqs or int(knob_value("MAX_NUM_SEQS", env))
+    seqs = tool.max_num_seqs(args, env)
     bank = parse_bank(args.bank) if args.bank is not None else default_bank(seqs)
-    server = Server(args.url or default_url(env), knob_value("API_KEY", env), args.request_timeout)
     pool = args.pool_tokens
     if pool is None and args.server_log is not None:
-        try:
-            pool = metrics.pool_tokens_from_log(args.server_log.read_text(errors="replace"))
-        except OSError as exc:
-            raise UsageError(f"bad --server-log {str(args.server_log)!r}: {exc.strerror}") from None
-        if pool is None:
-            raise UsageError(
-                f"bad --server-log {str(args.server_log)!r}: no 'GPU KV cache size' line in it"
-            )
-    info = server.probe(resolve_model(args, env), pool)
+        pool = _pool_from_log(args.server_log)
+    server, info = tool.connect(args, env, pool)
     phases = size_phases(
         bank,
         pool_tokens=info.pool_tokens,
@@ -204,9 +95,7 @@ def _run(args: argparse.Namespace, env: Mapping[str, str]) -> int:
         prompt_tokens=args.prompt_tokens,
         fill=args.fill,
     )
-    out = out_dir(args.out, "stress")
-    if out.exists() and not out.is_dir():
-        raise UsageError(f"bad --out {str(out)!r}: exists and is not a folder")
+    out = tool.output_folder(args.out, "stress")
     sampler = MemorySampler(args.sample_hz, kv_probe=kv_probe(server, info.model))
     stress = StressRun(
         server, info.model, phases, sampler,
@@ -224,36 +113,25 @@ def _run(args: argparse.Namespace, env: Mapping[str, str]) -> int:
         f"reserve {reserve:g} GiB; sampling at {args.sample_hz:g} Hz; writing to {out}/"
     )
     started = dt.datetime.now(dt.UTC)
-    status, error = "done", None
     sampler.start()
     t0_epoch = time.time() - sampler.now()
-    previous = signal.getsignal(signal.SIGINT)
-    signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
-        stress.run()
-    except RunAborted as exc:
-        status, error = "aborted", str(exc)
-    except KeyboardInterrupt:
-        status, error = "interrupted", "interrupted (SIGINT): partial results"
-        stress.stop()
-    finally:
-        signal.signal(signal.SIGINT, previous)
-        if status == "done":
+        outcome = tool.run_cut_short(stress.run, on_interrupt=stress.stop)
+        if outcome.status == "done":
             time.sleep(min(args.settle_s, 1.0))
+    finally:
         samples = sampler.stop()
 
     verdict = judge(samples, reserve, args.swap_tolerance_mib / 1024)
     duration = samples[-1].t - samples[0].t if len(samples) > 1 else 0.0
     phase_dicts = [r.as_dict(samples, sampler.t0) for r in stress.records if r.start_t is not None]
     result: dict[str, Any] = {
-        "tool": "sparkserve stress",
+        "tool": PROG,
         "version": __version__,
         "started_at": started.isoformat(timespec="seconds"),
         "t0_epoch": t0_epoch,
-        "status": {"done": verdict.as_dict()["result"], "aborted": "ERROR"}.get(
-            status, "INTERRUPTED"
-        ),
-        "error": error,
+        "status": outcome.label(verdict.as_dict()["result"]),
+        "error": outcome.error,
         "url": server.url,
         "model": info.model,
         "max_model_len": info.max_model_len,
@@ -278,16 +156,12 @@ def _run(args: argparse.Namespace, env: Mapping[str, str]) -> int:
         "files": {"json": "stress.json", "csv": "stress.csv", "png": "stress.png"},
     }
     write_outputs(out, result, samples, verdict.worst_t, reserve)
-    if error:
-        say(f"[stress] {error}")
-    prefix = "" if status == "done" else "partial run: "
+    if outcome.error:
+        say(f"[stress] {outcome.error}")
+    prefix = "" if outcome.status == "done" else "partial run: "
     print(f"{prefix}{verdict.line}", flush=True)
     say(f"[stress] wrote {out}/stress.json, stress.csv, stress.png")
-    if status == "aborted":
-        return EXIT_ABORTED
-    if status == "interrupted":
-        return EXIT_INTERRUPTED
-    return EXIT_PASS if verdict.passed else EXIT_FAIL
+    return outcome.exit_code(EXIT_OK if verdict.passed else EXIT_FAILED)
 
 
 def write_outputs(
@@ -299,7 +173,8 @@ def write_outputs(
         writer.writeheader()
         for sample in samples:
             writer.writerow(sample.row())
-    try:
+
+    def draw() -> None:
         from sparkserve.stress.plot import plot
 
         title = (
@@ -309,7 +184,6 @@ def write_outputs(
         )
         label = "worst moment" if result["verdict"]["result"] == "FAIL" else "lowest MemAvailable"
         plot(samples, result["phases"], reserve, worst_t, title, out / "stress.png", label)
-    except ImportError as exc:
-        result["files"]["png"] = None
-        say(f"[stress] no plot: {exc} (install matplotlib)")
+
+    tool.plot_or_note(result, draw, "stress")
     (out / "stress.json").write_text(json.dumps(result, indent=2) + "\n")

@@ -13,10 +13,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from sparkserve.stress import metrics
-from sparkserve.stress.plan import Phase
+from sparkserve.client import metrics
+from sparkserve.client.server import Server, ServerError, StreamResult
+from sparkserve.client.tool import RunAborted
+from sparkserve.stress.bank import Phase
 from sparkserve.stress.sampler import MemorySampler, Sample
-from sparkserve.stress.server import Server, ServerError, StreamResult
 
 SEED_TEXT = (
     "The DGX Spark shares one pool of memory between its CPU and its GPU, so every gigabyte "
@@ -25,10 +26,6 @@ SEED_TEXT = (
     "when many long conversations run at once the pool fills, and what happens then decides "
     "whether the machine stays responsive or starts to swap. "
 )
-
-
-class RunAborted(RuntimeError):
-    """A request failed during the run (the server stopped, or refused the load)."""
 
 
 @dataclass

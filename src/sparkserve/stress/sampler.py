@@ -1,27 +1,23 @@
 """Host memory (and GPU memory where nvidia-smi reports it), sampled at a fixed rate.
 
-Host figures come from /proc/meminfo and /proc/vmstat: MemAvailable, used (as `free` counts
-it: total - free - buffers - cache), swap used, and the swap-in/out rates from the pswpin /
-pswpout page counters. nvidia-smi is slow (tens of ms a call), so it runs in its own thread
-at most once a second; on a DGX Spark it usually says [N/A] for memory.used, and then the
-per-process figures are summed instead.
+Host figures come from sparkserve.memory.host: MemAvailable, used (total - MemAvailable),
+swap used, and the swap-in/out rates from the kernel's swap
+counters. nvidia-smi is slow (tens of ms a call), so it runs in its own thread at most once a
+second; on a DGX Spark it usually says [N/A] for memory.used, and then the per-process
+figures are summed instead.
 """
 
 from __future__ import annotations
 
 import contextlib
-import os
 import shutil
 import subprocess
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
-from pathlib import Path
 
-GIB = 1024**3
-MIB = 1024**2
-PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
+from sparkserve.memory.host import GIB, MIB, read_meminfo, read_swap_traffic
 
 
 @dataclass
@@ -38,37 +34,6 @@ class Sample:
 
     def row(self) -> dict[str, object]:
         return asdict(self)
-
-
-def read_meminfo(path: Path = Path("/proc/meminfo")) -> dict[str, int]:
-    """/proc/meminfo in bytes."""
-    out: dict[str, int] = {}
-    for line in path.read_text().splitlines():
-        key, _, rest = line.partition(":")
-        parts = rest.split()
-        if parts:
-            scale = 1024 if len(parts) > 1 and parts[1] == "kB" else 1
-            out[key.strip()] = int(parts[0]) * scale
-    return out
-
-
-def read_vmstat(path: Path = Path("/proc/vmstat")) -> dict[str, int]:
-    out: dict[str, int] = {}
-    for line in path.read_text().splitlines():
-        key, _, value = line.partition(" ")
-        if key in ("pswpin", "pswpout"):
-            out[key] = int(value)
-    return out
-
-
-def host_figures(info: dict[str, int]) -> tuple[float, float, float, float]:
-    """(total, available, used, swap used) in GiB from a meminfo dict."""
-    total = info.get("MemTotal", 0)
-    cache = info.get("Cached", 0) + info.get("SReclaimable", 0)
-    used = total - info.get("MemFree", 0) - info.get("Buffers", 0) - cache
-    available = info.get("MemAvailable", info.get("MemFree", 0))
-    swap = info.get("SwapTotal", 0) - info.get("SwapFree", 0)
-    return total / GIB, available / GIB, max(used, 0) / GIB, max(swap, 0) / GIB
 
 
 def gpu_used_gib(nvidia_smi: str) -> float | None:
@@ -102,17 +67,14 @@ class MemorySampler:
         *,
         nvidia_smi: str | None = "auto",
         kv_probe: Callable[[], float | None] | None = None,
-        meminfo: Path = Path("/proc/meminfo"),
-        vmstat: Path = Path("/proc/vmstat"),
     ) -> None:
         if hz <= 0:
             raise ValueError(f"sample rate {hz!r}: must be above 0")
         self.hz = hz
-        self.meminfo = meminfo
-        self.vmstat = vmstat
         self.samples: list[Sample] = []
-        self.total_gib = host_figures(read_meminfo(meminfo))[0]
-        self.swap_total_gib = read_meminfo(meminfo).get("SwapTotal", 0) / GIB
+        memory = read_meminfo()
+        self.total_gib = memory.total / GIB
+        self.swap_total_gib = memory.swap_total / GIB
         smi = shutil.which("nvidia-smi") if nvidia_smi == "auto" else nvidia_smi
         self.nvidia_smi = smi or None
         self.gpu_note = "" if self.nvidia_smi else "nvidia-smi not found"
@@ -155,23 +117,22 @@ class MemorySampler:
 
     def _host_loop(self) -> None:
         period = 1.0 / self.hz
-        prev = read_vmstat(self.vmstat)
+        prev = read_swap_traffic()
         prev_t = time.monotonic()
         tick = self.t0
         while not self._stop.is_set():
             now = time.monotonic()
-            info = read_meminfo(self.meminfo)
-            vm = read_vmstat(self.vmstat)
+            memory = read_meminfo()
+            swap = read_swap_traffic()
             dt = max(now - prev_t, 1e-6)
-            _, available, used, swap = host_figures(info)
-            rate_in = (vm.get("pswpin", 0) - prev.get("pswpin", 0)) * PAGE / MIB / dt
-            rate_out = (vm.get("pswpout", 0) - prev.get("pswpout", 0)) * PAGE / MIB / dt
-            prev, prev_t = vm, now
+            rate_in = (swap.swapped_in - prev.swapped_in) / MIB / dt
+            rate_out = (swap.swapped_out - prev.swapped_out) / MIB / dt
+            prev, prev_t = swap, now
             sample = Sample(
                 t=round(now - self.t0, 4),
-                mem_available_gib=available,
-                mem_used_gib=used,
-                swap_used_gib=swap,
+                mem_available_gib=memory.available / GIB,
+                mem_used_gib=memory.used / GIB,
+                swap_used_gib=memory.swap_used / GIB,
                 swap_in_mib_s=rate_in if self.samples else 0.0,
                 swap_out_mib_s=rate_out if self.samples else 0.0,
                 gpu_used_gib=self._gpu,

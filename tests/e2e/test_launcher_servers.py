@@ -3,26 +3,25 @@
 A tiny hybrid Qwen3.5 target (GatedDeltaNet + attention, random weights) is served through
 the project's own launchers, with prefix caching and the speculative method each ships:
 DFlash (a tiny DFlash drafter) for serve.sh, the target's MTP layer for mtp_serve.sh. Each
-test starts one server, sends a chat and a completion, sends a ~2000-token prompt twice and
-checks prefix-cache hits and the speculative-decoding counters on /metrics, then stops the
-server with SIGTERM (what `docker stop` sends) and requires a clean exit within 30 s.
+test takes the run's server of its launcher (conftest.py: `shared_server`, `second_server`),
+sends a chat and a completion, sends a ~2000-token prompt twice and checks prefix-cache hits
+and the speculative-decoding counters on /metrics. The fixtures stop each server with SIGTERM
+(what `docker stop` sends) and require a clean exit within 30 s.
 
 The launchers find vLLM 0.32 here, so they apply both release workarounds on their own
 ("disable_eagle_block_drop" for DFlash, "--mamba-cache-mode align"); the test checks they did.
 
-Needs the CPU serving venv (./scripts/test.sh sets SPARKSERVE_CPU_PYTHON); about a
-minute per test on 2 cores.
+Needs the CPU serving venv (./scripts/test.sh sets SPARKSERVE_CPU_PYTHON).
 """
 
 from __future__ import annotations
 
 import json
-from pathlib import Path
 from typing import Any
 
 import pytest
 
-from support.cpu_launch import MODEL_NAME, launcher_server
+from support.cpu_launch import MODEL_NAME
 from support.vllm_server import VllmServer, metric_sum
 
 BLOCK_TOKENS = 128  # attention/Mamba block of the tiny target on the CPU (head_dim 128)
@@ -108,22 +107,18 @@ def _check(server: VllmServer, seen: dict[str, Any]) -> None:
 
 
 @pytest.mark.parametrize(
-    "method",
+    ("method", "fixture"),
     [
-        pytest.param("dflash", id="dflash"),
-        pytest.param("mtp", id="mtp"),
+        pytest.param("dflash", "shared_server", id="dflash"),
+        pytest.param("mtp", "second_server", id="mtp"),
     ],
 )
 def test_launcher_serves_with_prefix_cache_and_speculation(
-    method: str, tiny_models: dict[str, str], sparkserve_site: Path, tmp_path: Path
+    method: str, fixture: str, request: pytest.FixtureRequest
 ) -> None:
-    server = launcher_server(tmp_path, method, tiny_models, sparkserve_site).start()
-    try:
-        ready_s = server.wait_healthy(timeout_s=300)
-        seen = _exercise(server)
-    finally:
-        stop_s = server.stop(timeout_s=30)
-    report = {"method": method, "ready_s": round(ready_s, 1), "stop_s": round(stop_s, 2)}
+    server: VllmServer = request.getfixturevalue(fixture)
+    seen = _exercise(server)
+    report = {"method": method, "ready_s": round(server.ready_after_s or 0, 1)}
     report |= {"runs": seen["runs"], "end": seen["end"]}
     print("observed:", json.dumps(report))
     log = server.log_path.read_text(errors="replace")
@@ -132,4 +127,3 @@ def test_launcher_serves_with_prefix_cache_and_speculation(
         assert "vLLM issue #51250" in log, "the 0.30-0.32 DFlash workaround was not applied"
     assert "sparkserve_cpu_shims" in log
     _check(server, seen)
-    assert stop_s < 30, f"SIGTERM stop took {stop_s:.1f} s"

@@ -1,54 +1,44 @@
-"""What a launcher learns before it builds vLLM's command line.
+"""What a launcher learns before it builds vLLM's command line, as shell exports.
 
 `sparkserve knobs resolve --launcher L` validates every knob, checks the memory budget against
 this machine, finds the installed vLLM's release and the workarounds it needs, and prints
 `export NAME='value'` lines for the launcher to eval. On any problem it prints one line
 naming the knob, the value and what is allowed, and exits 2 (the launcher then stops).
+
+Besides the knobs it exports VLLM_FOUND_VERSION, MEM_TOTAL_GIB, GUARD_MARKER (the guard's
+record of a stop), for each workaround WORKAROUND_<NAME> (1: apply) and its _REASON, and what
+the applying ones add: WORKAROUND_ARGV (a bash array of `vllm serve` arguments) and
+WORKAROUND_SPECULATIVE_FIELDS (`,"key":value` text for the speculative config's JSON).
 """
 
 from __future__ import annotations
 
 import shlex
-import sys
 from collections.abc import Mapping
 
+from sparkserve.command_line import EXIT_BAD_INPUT, EXIT_OK, fail
+from sparkserve.guard import marker_path
 from sparkserve.knobs import KnobError, Launcher, knobs_for, resolve
+from sparkserve.memory.budget import budget_problem
 from sparkserve.memory.host import GIB, read_meminfo
 from sparkserve.patching.engine import PatchError
 from sparkserve.patching.vllm_install import locate
 from sparkserve.workarounds import WORKAROUNDS
-
-EXIT_BAD_KNOB = 2
-
-
-def mem_total_bytes() -> int:
-    try:
-        return read_meminfo().total
-    except (OSError, ValueError) as error:
-        raise KnobError(f"{error}; cannot check GPU_MEM against this machine") from error
-
-
-def check_memory_budget(values: Mapping[str, str], total_bytes: int) -> None:
-    """Refuse a GPU_MEM that leaves the OS less than OS_RESERVE_GB of unified memory."""
-    gpu_mem, reserve_gib = float(values["GPU_MEM"]), float(values["OS_RESERVE_GB"])
-    total_gib = total_bytes / GIB
-    left_gib = (1 - gpu_mem) * total_gib
-    if left_gib < reserve_gib:
-        largest = max(0.0, 1 - reserve_gib / total_gib)
-        raise KnobError(
-            f"GPU_MEM={values['GPU_MEM']}: {gpu_mem:.2f} of {total_gib:.1f} GiB leaves "
-            f"{left_gib:.1f} GiB to the OS, less than OS_RESERVE_GB={values['OS_RESERVE_GB']}; "
-            f"the largest GPU_MEM that keeps it is {int(largest * 100) / 100:.2f}"
-        )
 
 
 def shell_quote(value: str) -> str:
     return "'" + value.replace("'", "'\\''") + "'"
 
 
+def bash_array(name: str, words: list[str] | tuple[str, ...]) -> str:
+    return f"{name}=({' '.join(shell_quote(word) for word in words)})"
+
+
 def exports(env: Mapping[str, str], launcher: Launcher, total_bytes: int) -> list[str]:
     values = resolve(env, launcher)
-    check_memory_budget(values, total_bytes)
+    problem = budget_problem(values["GPU_MEM"], values["OS_RESERVE_GB"], total_bytes)
+    if problem is not None:
+        raise KnobError(problem)
     try:
         vllm_version = locate(None).version
     except PatchError:
@@ -59,25 +49,32 @@ def exports(env: Mapping[str, str], launcher: Launcher, total_bytes: int) -> lis
         "KV_CACHE_BYTES": str(int(float(values["KV_CACHE_GB"]) * GIB))
         if values["KV_CACHE_GB"]
         else "",
+        "GUARD_MARKER": str(marker_path(values["HF_HOME"])),
     }
+    argv: list[str] = []
+    speculative = ""
     for workaround in WORKAROUNDS:
         applies = workaround.applies(vllm_version, launcher, values["PREFIX_CACHE"] == "1")
         derived[workaround.env] = "1" if applies else "0"
         derived[f"{workaround.env}_REASON"] = workaround.reason
+        if applies:
+            argv += workaround.vllm_args
+            speculative += workaround.speculative_json()
+    derived["WORKAROUND_SPECULATIVE_FIELDS"] = speculative
     secret = {knob.name for knob in knobs_for(launcher) if knob.secret}
     lines = [f"export {k}={shell_quote(v)}" for k, v in values.items() if k not in secret]
     lines += [f"export {k}={shell_quote(v)}" for k, v in derived.items()]
+    lines.append(bash_array("WORKAROUND_ARGV", argv))
     # EXTRA_ARGS as a bash array, split here once so the launcher never re-parses it
-    words = " ".join(shell_quote(word) for word in shlex.split(values.get("EXTRA_ARGS", "")))
-    lines.append(f"EXTRA_ARGV=({words})")
+    lines.append(bash_array("EXTRA_ARGV", shlex.split(values.get("EXTRA_ARGS", ""))))
     return lines
 
 
 def main_resolve(launcher: Launcher, env: Mapping[str, str], prog: str) -> int:
     try:
-        lines = exports(env, launcher, mem_total_bytes())
+        total = read_meminfo().total
+        lines = exports(env, launcher, total)
     except KnobError as error:
-        print(f"{prog}: {error}", file=sys.stderr)
-        return EXIT_BAD_KNOB
+        return fail(prog, error, EXIT_BAD_INPUT)
     print("\n".join(lines))
-    return 0
+    return EXIT_OK

@@ -11,10 +11,12 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from sparkserve.command_line import UsageError
+
 MAX_LEVEL = 1024
 
 
-class PlanError(ValueError):
+class BankError(UsageError):
     """A bad bank or size; the message is one line naming the value and what is allowed."""
 
 
@@ -31,10 +33,10 @@ def parse_bank(text: str, option: str = "--bank") -> list[int]:
     rule = f"comma-separated whole numbers from 1 to {MAX_LEVEL}, each once (e.g. 1,2,3,4)"
     items = [part.strip() for part in text.split(",")]
     if not text.strip() or any(not part.isdigit() for part in items):
-        raise PlanError(f"bad {option} {text!r}: must be {rule}")
+        raise BankError(f"bad {option} {text!r}: must be {rule}")
     bank = [int(part) for part in items]
     if any(not 1 <= level <= MAX_LEVEL for level in bank) or len(set(bank)) != len(bank):
-        raise PlanError(f"bad {option} {text!r}: must be {rule}")
+        raise BankError(f"bad {option} {text!r}: must be {rule}")
     return bank
 
 
@@ -62,16 +64,16 @@ def size_phases(
     requests, capped by max-model-len; the prompt is that minus the generation. An explicit
     `prompt_tokens` overrides the sizing (short runs, tests)."""
     if gen_tokens < 1:
-        raise PlanError(f"bad --gen-tokens {gen_tokens}: must be 1 or more")
+        raise BankError(f"bad --gen-tokens {gen_tokens}: must be 1 or more")
     if not 0 < fill <= 4:
-        raise PlanError(f"bad --fill {fill}: must be above 0 and at most 4")
+        raise BankError(f"bad --fill {fill}: must be above 0 and at most 4")
     phases = []
     for level in bank:
         if prompt_tokens is not None:
             prompt = prompt_tokens
         else:
             if pool_tokens is None and max_model_len is None:
-                raise PlanError(
+                raise BankError(
                     "the server reports neither its KV pool nor max_model_len: "
                     "give --pool-tokens or --prompt-tokens"
                 )
@@ -79,12 +81,12 @@ def size_phases(
             per_request = min(share, max_model_len or share)
             prompt = per_request - gen_tokens
         if max_model_len is not None and prompt + gen_tokens > max_model_len:
-            raise PlanError(
+            raise BankError(
                 f"bad sizes: prompt {prompt} + generation {gen_tokens} tokens exceed the "
                 f"server's max_model_len {max_model_len}"
             )
         if prompt < 16:
-            raise PlanError(
+            raise BankError(
                 f"bad sizes: a {prompt}-token prompt at concurrency {level}; lower "
                 "--gen-tokens (the prompt must keep at least 16 tokens)"
             )

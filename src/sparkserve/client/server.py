@@ -15,7 +15,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from sparkserve.stress import metrics
+from sparkserve.client import metrics
 
 
 class ServerError(RuntimeError):
@@ -186,38 +186,17 @@ class Server:
 
     # -- load -----------------------------------------------------------------------------
     def stream_completion(
-        self,
-        model: str,
-        prompt: str | Sequence[int],
-        max_tokens: int,
-        *,
-        ignore_eos: bool = True,
-        on_chunk: Callable[[StreamResult], None] | None = None,
-        should_stop: Callable[[], bool] | None = None,
+        self, model: str, prompt: str | Sequence[int], max_tokens: int, **options: Any
     ) -> StreamResult:
-        """A streaming /v1/completions request (text or token ids); never raises."""
+        """A streaming /v1/completions request (text or token ids); never raises. `options`:
+        those of `stream`."""
         body = {"prompt": list(prompt) if not isinstance(prompt, str) else prompt}
-        return self.stream(
-            "/v1/completions", model, body, max_tokens,
-            ignore_eos=ignore_eos, on_chunk=on_chunk, should_stop=should_stop,
-        )  # fmt: skip
+        return self.stream("/v1/completions", model, body, max_tokens, **options)
 
-    def stream_chat(
-        self,
-        model: str,
-        text: str,
-        max_tokens: int,
-        *,
-        ignore_eos: bool = True,
-        on_chunk: Callable[[StreamResult], None] | None = None,
-        should_stop: Callable[[], bool] | None = None,
-    ) -> StreamResult:
+    def stream_chat(self, model: str, text: str, max_tokens: int, **options: Any) -> StreamResult:
         """A streaming /v1/chat/completions request with one user message; never raises."""
         body = {"messages": [{"role": "user", "content": text}]}
-        return self.stream(
-            "/v1/chat/completions", model, body, max_tokens,
-            ignore_eos=ignore_eos, on_chunk=on_chunk, should_stop=should_stop,
-        )  # fmt: skip
+        return self.stream("/v1/chat/completions", model, body, max_tokens, **options)
 
     def stream(
         self,

@@ -16,7 +16,7 @@ import pytest
 
 from sparkserve.lmhead import compile_check, int8_kernel
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 def _pin(path: Path) -> str:

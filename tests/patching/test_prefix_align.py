@@ -16,7 +16,7 @@ import pytest
 from sparkserve.patching import PREFIX_ALIGN, State
 from sparkserve.versions import read_versions
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 PATCH_SCRIPT = REPO / "patch_prefix_align.py"
 SCENARIO = REPO / "tests" / "scenarios" / "prefix_align_scenario.py"
 TARGET = Path("vllm") / PREFIX_ALIGN.info.target

@@ -352,7 +352,7 @@ def test_layout_arguments_are_checked() -> None:
         layout.pack(q[:, :48], layout.WGMMA)
     with pytest.raises(ValueError, match="not aligned"):
         layout.row_block(layout.pack(q, layout.WGMMA), 0, 100, layout.WGMMA)
-    assert layout.preferred_layout(torch.device("cpu")) == layout.ROWS
+    assert int8_kernel.preferred_layout(torch.device("cpu")) == layout.ROWS
 
 
 def test_wgmma_table_covers_every_m() -> None:

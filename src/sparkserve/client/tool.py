@@ -1,0 +1,157 @@
+"""What the commands that load a running server (`stress`, `bench`) share: the server options,
+the checks before any load, the run that Ctrl-C or a failed request may cut short, the exit
+status and the output folder. Each command keeps only its own options, work and report."""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import os
+import signal
+import sys
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from sparkserve import command_line as cl
+from sparkserve.client.server import PreflightError, Server, ServerInfo
+from sparkserve.command_line import UsageError
+from sparkserve.dotenv import DotenvError, with_dotenv
+from sparkserve.knobs import KnobError, knob_value
+
+
+class RunAborted(RuntimeError):
+    """A request failed during the run (the server stopped, or refused the load)."""
+
+
+# Errors found before any load: the command prints one line and exits EXIT_BAD_INPUT.
+BEFORE_LOAD_ERRORS = (UsageError, KnobError, PreflightError, DotenvError)
+
+
+def add_parser(
+    commands: argparse._SubParsersAction[argparse.ArgumentParser],
+    name: str,
+    help_text: str,
+    description: str | None,
+    levels: tuple[str, str],
+    numbers: tuple[cl.NumberOption, ...],
+) -> argparse.ArgumentParser:
+    """The command's parser with one-line errors, the options every such command has, its
+    concurrency levels option (name, help) and its number options."""
+    parser = commands.add_parser(
+        name,
+        help=help_text,
+        description=description,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    cl.one_line_errors(parser, f"sparkserve {name}")
+    parser.add_argument(
+        "--url", help="the server (default: http://127.0.0.1:$PORT, PORT from the knobs)"
+    )
+    parser.add_argument(
+        "--model",
+        help="served model name (default: $SERVED_MODEL_NAME if set, else the only one served)",
+    )
+    parser.add_argument("--out", type=Path, help="output folder (default: a new dated one)")
+    parser.add_argument(
+        "--env-file", type=Path,
+        help="a compose .env to read knobs from (PORT, API_KEY, ...); the environment wins",
+    )  # fmt: skip
+    parser.add_argument(
+        "--request-timeout", type=cl.ranged(float, "--request-timeout", 0.1), default=900.0,
+        metavar="S", help="seconds a request may wait for its next bytes (default 900)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--max-num-seqs", type=cl.ranged(int, "--max-num-seqs", 1),
+        help="the server's MAX_NUM_SEQS for the default levels (default: the knob)",
+    )  # fmt: skip
+    parser.add_argument(levels[0], help=levels[1])
+    cl.add_numbers(parser, numbers)
+    return parser
+
+
+def environment(args: argparse.Namespace, env: Mapping[str, str] | None) -> dict[str, str]:
+    """The knobs' environment: `env` (default: the process's) over --env-file's variables."""
+    return with_dotenv(os.environ if env is None else env, args.env_file)
+
+
+def max_num_seqs(args: argparse.Namespace, env: Mapping[str, str]) -> int:
+    return int(args.max_num_seqs or knob_value("MAX_NUM_SEQS", env))
+
+
+def connect(
+    args: argparse.Namespace, env: Mapping[str, str], pool_tokens: int | None = None
+) -> tuple[Server, ServerInfo]:
+    """The server of --url (else the PORT knob) with the API_KEY knob, checked: it answers and
+    serves the model of --model (else $SERVED_MODEL_NAME if set, else its only one)."""
+    url = args.url or f"http://127.0.0.1:{knob_value('PORT', env)}"
+    server = Server(url, knob_value("API_KEY", env), args.request_timeout)
+    model = args.model
+    if not model and env.get("SERVED_MODEL_NAME", "").strip():
+        model = knob_value("SERVED_MODEL_NAME", env)
+    return server, server.probe(model or None, pool_tokens)
+
+
+def output_folder(given: Path | None, stem: str) -> Path:
+    """--out, else `stem-YYYYmmdd-HHMMSS`; refused when it is a file. Not created here."""
+    out = given if given is not None else Path(f"{stem}-{dt.datetime.now():%Y%m%d-%H%M%S}")
+    if out.exists() and not out.is_dir():
+        raise UsageError(f"bad --out {str(out)!r}: exists and is not a folder")
+    return out
+
+
+def say(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
+
+
+def checked(prog: str, body: Callable[[], int]) -> int:
+    """Run a command's body; an error found before any load is one line and EXIT_BAD_INPUT."""
+    try:
+        return body()
+    except BEFORE_LOAD_ERRORS as exc:
+        return cl.fail(prog, exc, cl.EXIT_BAD_INPUT)
+
+
+@dataclass
+class Outcome:
+    status: str = "done"  # "done", "aborted" (a request failed) or "interrupted" (Ctrl-C)
+    error: str | None = None
+
+    def label(self, done: str) -> str:
+        """The status word of the report: `done` when it ran to the end."""
+        return {"done": done, "aborted": "ERROR"}.get(self.status, "INTERRUPTED")
+
+    def exit_code(self, done: int) -> int:
+        return {"done": done, "aborted": cl.EXIT_STOPPED}.get(self.status, cl.EXIT_INTERRUPTED)
+
+
+def run_cut_short(
+    work: Callable[[], Any], on_interrupt: Callable[[], None] | None = None
+) -> Outcome:
+    """Run `work` with Ctrl-C raising KeyboardInterrupt; a failed request (RunAborted) or
+    Ctrl-C ends it early and the outcome says which, so that what was measured is still
+    written."""
+    outcome = Outcome()
+    previous = signal.getsignal(signal.SIGINT)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        work()
+    except RunAborted as exc:
+        outcome = Outcome("aborted", str(exc))
+    except KeyboardInterrupt:
+        outcome = Outcome("interrupted", "interrupted (SIGINT): partial results")
+        if on_interrupt is not None:
+            on_interrupt()
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    return outcome
+
+
+def plot_or_note(result: dict[str, Any], draw: Callable[[], None], tag: str) -> None:
+    """Draw the plot; without matplotlib, note it and drop the png from the result's files."""
+    try:
+        draw()
+    except ImportError as exc:
+        result["files"]["png"] = None
+        say(f"[{tag}] no plot: {exc} (install matplotlib)")

@@ -1,0 +1,76 @@
+"""`sparkserve bench` against the run's shared vLLM CPU server: what it reports equals what the
+server counted; a wrong model fails before any load."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from sparkserve.client import metrics
+from support.vllm_server import VllmServer
+
+REPO = Path(__file__).resolve().parents[2]
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.mark.e2e
+def test_bench_reports_what_the_server_counted(shared_server: VllmServer, tmp_path: Path) -> None:
+    out = tmp_path / "bench"
+    before = shared_server.metrics()
+    done = subprocess.run(
+        [
+            str(REPO / "scripts" / "bench.sh"), "--url", shared_server.base_url,
+            "--out", str(out), "--concurrency", "1,2", "--gen-tokens", "24",
+            "--prefix-tokens", "1200", "--ttft-rounds", "1",
+        ],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    after = shared_server.metrics()
+    assert done.returncode == 0, done.stderr
+    assert "[bench] 6/6 agent c=2" in done.stderr  # progress
+    result = json.loads((out / "bench.json").read_text())
+    assert (out / "bench.png").read_bytes()[:8] == PNG_MAGIC
+    table = (out / "bench.md").read_text()
+    assert table == done.stdout and "| agent | 2 |" in table
+
+    drafts = metrics.delta(before, after, metrics.DRAFTS)
+    accepted = metrics.delta(before, after, metrics.ACCEPTED)
+    queries = metrics.delta(before, after, metrics.PREFIX_QUERIES)
+    hits = metrics.delta(before, after, metrics.PREFIX_HITS)
+    assert drafts and queries and hits is not None and accepted is not None
+    overall = result["overall"]
+    assert overall["spec"]["drafts"] == drafts
+    assert overall["spec"]["mean_acceptance_length"] == pytest.approx(1 + accepted / drafts)
+    assert overall["prefix"]["hit_rate"] == pytest.approx(hits / queries)
+    # The cells add up to the whole window, and per-position figures come from the counters.
+    assert sum(c["spec"]["drafts"] for c in result["decode"]) <= drafts
+    positions = metrics.by_label(after, metrics.ACCEPTED_PER_POS, "position")
+    assert len(result["acceptance_by_kind"]["code"]["acceptance_per_position"]) == len(positions)
+
+    ttft = result["ttft"]
+    assert ttft["rounds"][0]["cold"]["prompt_tokens"] >= 1000
+    assert ttft["rounds"][0]["warm"]["hits"] > 0  # the warm prompt reuses the cold one's KV
+    assert ttft["cold_ttft_s"] > 0 and ttft["warm_ttft_s"] > 0
+    cells = {(c["kind"], c["concurrency"]) for c in result["decode"]}
+    assert cells == {(k, c) for k in ("prose", "code", "agent") for c in (1, 2)}
+    for cell in result["decode"]:
+        assert cell["completion_tokens"] == 24 * cell["concurrency"]
+        assert cell["per_stream_tok_s"] > 0 and cell["aggregate_tok_s"] > 0
+    print("observed:", json.dumps({"ttft": ttft, "overall": overall}))
+
+
+@pytest.mark.e2e
+def test_bench_wrong_model_fails_before_any_load(shared_server: VllmServer) -> None:
+    before = metrics.total(shared_server.metrics(), metrics.PREFIX_QUERIES)
+    done = subprocess.run(
+        [sys.executable, "-m", "sparkserve", "bench", "--url", shared_server.base_url,
+         "--model", "gpt-5"],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert done.returncode == 2
+    assert done.stderr.strip().startswith("sparkserve bench: model 'gpt-5' is not served by")
+    assert metrics.total(shared_server.metrics(), metrics.PREFIX_QUERIES) == before

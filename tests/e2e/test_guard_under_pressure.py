@@ -1,0 +1,135 @@
+"""The memory guard stops a real vLLM CPU server (started through mtp_serve.sh, which starts the
+guard itself) when a memory hog pushes MemAvailable under a floor set from this machine's
+current state; the planner predicts that server's pool."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from sparkserve.memory.host import GIB, read_meminfo
+from support.cpu_launch import launcher_server
+from support.plan_check import cpu_plans, logged_pool
+from support.vllm_server import tail
+
+HOG = """
+import sys, time
+floor, cap = int(sys.argv[1]), int(sys.argv[2])
+margin, chunk = 512 << 20, 64 << 20
+def available():
+    for line in open("/proc/meminfo"):
+        if line.startswith("MemAvailable:"):
+            return int(line.split()[1]) * 1024
+chunks, held, crossed = [], 0, None
+def grow(target):
+    global held, crossed
+    while held < cap and available() >= target:
+        chunks.append(b"\\x01" * chunk)  # allocated and written: every page touched
+        held += chunk
+        if crossed is None and available() < floor:
+            crossed = time.time()
+grow(floor - margin)
+print(f"crossed={crossed is not None} at={crossed or 0:.3f} held={held}", flush=True)
+end = time.time() + 60
+while time.time() < end:  # stay under the floor while other jobs on the machine come and go
+    grow(floor - margin // 2)
+    time.sleep(0.05)
+"""
+
+
+KV_BYTES = 192 * 1024 * 1024
+
+
+STOP_LINE = re.compile(r"stopping vLLM \(pid (\d+)\): (.*) \(at ([\d.]+)\)")
+
+
+@pytest.mark.e2e
+def test_guard_stops_a_real_server_under_memory_pressure(
+    tiny_models: dict[str, str], sparkserve_site: Path, cpu_venv_python: str, tmp_path: Path
+) -> None:
+    # The floor leaves room for the server itself (about 2 GiB here) and for other jobs on
+    # this shared machine: 5 GiB under what is available now.
+    before = read_meminfo().available
+    floor_gib = round(max(1.0, (before - 5 * GIB) / GIB), 2)
+    knobs = {
+        "GUARD_FLOOR_GB": str(floor_gib),
+        "PREFIX_CACHE": "0",  # a config the run's two shared servers do not cover (for the plan)
+        "EXTRA_ARGS": f"--kv-cache-memory-bytes {KV_BYTES}",
+    }
+    server = launcher_server(tmp_path, "mtp", tiny_models, sparkserve_site, knobs).start()
+    hog = None
+    try:
+        server.wait_healthy(timeout_s=300)
+        assert server.proc is not None
+        guard_pids = [
+            p.name for p in Path("/proc").iterdir()
+            if p.name.isdigit()
+            and f"sparkserve.guard --pid {server.proc.pid} " in _cmdline(p)
+        ]  # fmt: skip
+        assert len(guard_pids) == 1, "the launcher did not start exactly one guard"
+        now = read_meminfo().available
+        need = now - int(floor_gib * GIB)
+        print(f"available {before / GIB:.2f} -> {now / GIB:.2f} GiB with the server up; "
+              f"floor {floor_gib} GiB; the hog needs {need / GIB:.2f} GiB")  # fmt: skip
+        assert 0 < need < 8 * GIB, "this machine's memory moved too much to run the test"
+        hog = subprocess.Popen(
+            [sys.executable, "-c", HOG, str(int(floor_gib * GIB)), str(need + 3 * GIB)],
+            stdout=subprocess.PIPE, text=True,
+        )  # fmt: skip
+        assert hog.stdout is not None
+        report = hog.stdout.readline()
+        server.proc.wait(timeout=60)
+        exited = time.time()
+    finally:
+        if hog is not None:
+            hog.kill()
+            hog.wait()
+        server.stop(timeout_s=30)
+    log = server.log_path.read_text(errors="replace")
+    assert "crossed=True" in report, report
+    crossed = float(re.search(r"at=([\d.]+)", report).group(1))  # type: ignore[union-attr]
+    stop = STOP_LINE.search(log)
+    assert stop, tail(server.log_path)
+    assert int(stop.group(1)) == server.proc.pid
+    assert "fell below the floor" in stop.group(2)
+    detected = float(stop.group(3)) - crossed
+    print(f"hog crossed the floor; guard acted {detected:.2f} s later; vLLM gone "
+          f"{exited - crossed:.2f} s after the crossing")  # fmt: skip
+    assert detected < 2.0
+    assert "vLLM (pid" in log and "exited after SIGTERM" in log
+    record = Path(tmp_path / "hf" / "sparkserve" / "guard-stopped.json")
+    assert json.loads(record.read_text())["reason"].startswith("MemAvailable")
+    deadline = time.monotonic() + 3
+    while any(_running(p) for p in guard_pids) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not any(_running(p) for p in guard_pids), "the guard outlived vLLM"
+    # The third planner config: this server's logged pool (MTP, no prefix cache, 192 MiB).
+    predicted = cpu_plans(
+        cpu_venv_python,
+        {"mtp-no-prefix": {"target": tiny_models["target"], "method": "mtp", "n": 2,
+                           "kv_bytes": KV_BYTES, "prefix": False}},
+    )  # fmt: skip
+    print("pool predicted:", predicted, "logged:", logged_pool(server.log_path))
+    assert predicted["mtp-no-prefix"] == logged_pool(server.log_path)
+
+
+def _running(pid: str) -> bool:
+    """Alive and not a zombie (an exited child its new parent has not reaped yet)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+def _cmdline(proc: Path) -> str:
+    try:
+        return (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return ""

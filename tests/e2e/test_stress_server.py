@@ -1,0 +1,219 @@
+"""`sparkserve stress` against the run's real vLLM CPU servers (conftest.py): a PASS at its
+sampling rate, a memory hog that flips the verdict, Ctrl-C, bad input before any load, and
+(last: it stops the second server) a server stopped mid-run."""
+
+from __future__ import annotations
+
+import csv
+import itertools
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from sparkserve.cli import main
+from sparkserve.client import metrics
+from sparkserve.memory.host import (
+    GIB,
+    read_meminfo,
+)
+from support.vllm_server import VllmServer
+
+REPO = Path(__file__).resolve().parents[2]
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+def mem_available_gib() -> float:
+    return read_meminfo().available / GIB
+
+
+def stress_argv(server: VllmServer, out: Path, *extra: str) -> list[str]:
+    return [
+        "stress", "--url", server.base_url, "--out", str(out), "--settle-s", "0.5",
+        "--progress-s", "1", *extra,
+    ]  # fmt: skip
+
+
+def _check_outputs(out: Path) -> dict:
+    result = json.loads((out / "stress.json").read_text())
+    with (out / "stress.csv").open() as handle:
+        rows = list(csv.DictReader(handle))
+    assert len(rows) == result["sampling"]["samples"] > 0
+    assert float(rows[0]["mem_available_gib"]) > 0
+    assert (out / "stress.png").read_bytes()[:8] == PNG_MAGIC
+    return result
+
+
+@pytest.mark.e2e
+def test_stress_passes_and_samples_at_its_rate(
+    shared_server: VllmServer, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "run"
+    code = main(
+        stress_argv(
+            shared_server, out, "--bank", "1,3", "--prompt-tokens", "1500", "--gen-tokens",
+            "48", "--os-reserve-gb", "0.5", "--sample-hz", "10",
+        )
+    )  # fmt: skip
+    captured = capsys.readouterr()
+    assert code == 0, captured
+    assert captured.out.strip().startswith("PASS")
+    assert "[stress] c=3" in captured.err  # progress
+    result = _check_outputs(out)
+    assert result["status"] == "PASS" and result["verdict"]["result"] == "PASS"
+    assert result["pool_tokens"] and result["max_model_len"] == 4096
+    sampling = result["sampling"]
+    assert sampling["achieved_hz"] >= 0.9 * 10, sampling
+    times = [float(r["t"]) for r in csv.DictReader((out / "stress.csv").open())]
+    assert max(b - a for a, b in itertools.pairwise(times)) < 0.35
+    phases = {p["name"]: p for p in result["phases"]}
+    assert list(phases) == ["c=1", "c=3"]
+    for phase in phases.values():
+        assert phase["complete"]
+        assert all(r["completion_tokens"] == 48 for r in phase["requests"])
+        assert all(r["prompt_tokens"] == 1500 for r in phase["requests"])
+    assert any(r["kv_usage"] not in ("", None) for r in csv.DictReader((out / "stress.csv").open()))
+
+
+def _start_stress_until_first_level(argv: list[str]) -> tuple[subprocess.Popen[str], list[str]]:
+    """Start a stress run and return once it reports its first level (with the stderr so far)."""
+    stress = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert stress.stderr is not None
+    lines: list[str] = []
+    for line in stress.stderr:
+        lines.append(line)
+        if line.startswith("[stress] c=1:"):
+            break
+    return stress, lines
+
+
+def _hog(size: int, hold_s: float) -> str:
+    return (
+        "import sys, time\n"
+        f"b = bytearray({size})\n"
+        "b[::4096] = b'\\x01' * len(range(0, len(b), 4096))\n"
+        "print(time.time(), flush=True)\n"
+        f"time.sleep({hold_s})\n"
+        "print(time.time(), flush=True)\n"
+    )
+
+
+@pytest.mark.e2e
+def test_a_memory_hog_flips_the_verdict_to_fail_at_its_moment(
+    shared_server: VllmServer, tmp_path: Path
+) -> None:
+    available = mem_available_gib()
+    if available < 5:
+        pytest.skip(f"only {available:.1f} GiB available: too little to start a 2 GiB hog")
+    hog_bytes = 2 * 1024**3
+    reserve = available - 1.0  # the hog takes 2 GiB: MemAvailable must fall under this
+    out = tmp_path / "hog"
+    stress, lines = _start_stress_until_first_level(
+        [sys.executable, "-m", "sparkserve", *stress_argv(
+            shared_server, out, "--bank", "1,2", "--prompt-tokens", "512", "--gen-tokens",
+            "400", "--os-reserve-gb", f"{reserve:.3f}",
+        )]
+    )  # fmt: skip
+    time.sleep(0.5)
+    started = time.time()
+    hog = subprocess.run(
+        [sys.executable, "-c", _hog(hog_bytes, 2.0)], capture_output=True, text=True, check=True
+    )
+    exited = time.time()  # the hog's memory is back once its process is gone
+    touched, _ = (float(x) for x in hog.stdout.split())
+    stdout, stderr = stress.communicate(timeout=240)
+    assert stress.returncode == 1, "".join(lines) + stderr + stdout
+    assert stdout.startswith("FAIL: MemAvailable fell to")
+    result = _check_outputs(out)
+    verdict = result["verdict"]
+    worst_epoch = result["t0_epoch"] + verdict["worst_t"]
+    # the worst moment lies in the hog's life; not necessarily after its last page was touched:
+    # touching 2 GiB can take over a second on a loaded machine, and other processes move
+    # MemAvailable by tens of MiB meanwhile
+    assert started <= worst_epoch <= exited + 0.3, (started, touched, worst_epoch, exited)
+    assert verdict["min_available_gib"] < reserve
+    assert result["status"] == "FAIL"
+
+
+@pytest.mark.e2e
+def test_sigint_writes_partial_results(shared_server: VllmServer, tmp_path: Path) -> None:
+    out = tmp_path / "sigint"
+    stress, _ = _start_stress_until_first_level(
+        [str(REPO / "scripts" / "stress_mem.sh"), *stress_argv(
+            shared_server, out, "--bank", "1,2", "--prompt-tokens", "512", "--gen-tokens",
+            "3000", "--os-reserve-gb", "0.5",
+        )[1:]]
+    )  # fmt: skip
+    time.sleep(1.5)
+    stress.send_signal(signal.SIGINT)
+    stdout, stderr = stress.communicate(timeout=60)
+    assert stress.returncode == 130, stderr
+    assert stdout.startswith("partial run: PASS")
+    result = _check_outputs(out)
+    assert result["status"] == "INTERRUPTED"
+    assert [p["name"] for p in result["phases"]] == ["c=1"]
+    assert not result["phases"][0]["complete"]
+    # The server is fine afterwards (the interrupted request was dropped).
+    assert shared_server.request("/v1/models")["data"][0]["id"]
+
+
+@pytest.mark.e2e
+@pytest.mark.parametrize(
+    ("argv", "needle"),
+    [
+        (["--model", "no-such-model"], "model 'no-such-model' is not served by"),
+        (["--bank", "1,zero"], "bad --bank '1,zero'"),
+        (["--sample-hz", "2"], "--sample-hz='2': must be a number of at least 5"),
+    ],
+    ids=["wrong-model", "nonsense-bank", "slow-sampling"],
+)
+def test_bad_input_fails_before_any_load(
+    shared_server: VllmServer, tmp_path: Path, argv: list[str], needle: str
+) -> None:
+    before = metrics.total(shared_server.metrics(), metrics.PREFIX_QUERIES)
+    done = subprocess.run(
+        [sys.executable, "-m", "sparkserve", *stress_argv(shared_server, tmp_path / "x", *argv)],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert done.returncode == 2, done
+    assert needle in done.stderr and len(done.stderr.strip().splitlines()) == 1, done.stderr
+    assert not (tmp_path / "x").exists()
+    assert metrics.total(shared_server.metrics(), metrics.PREFIX_QUERIES) == before
+
+
+@pytest.mark.e2e
+def test_server_stopped_mid_run_keeps_what_was_measured(
+    second_server: VllmServer, tmp_path: Path
+) -> None:
+    """Stops the run's second server (the last test to use it: conftest.py)."""
+    server = second_server
+    out = tmp_path / "stopped"
+    stress, _ = _start_stress_until_first_level(
+        [sys.executable, "-m", "sparkserve", *stress_argv(
+            server, out, "--bank", "1,2", "--prompt-tokens", "512", "--gen-tokens",
+            "3000", "--os-reserve-gb", "0.5",
+        )]
+    )  # fmt: skip
+    time.sleep(1.5)
+    stopper = threading.Thread(target=server.stop, kwargs={"timeout_s": 30})
+    stopper.start()
+    try:
+        stdout, stderr = stress.communicate(timeout=120)
+    finally:
+        stopper.join()
+    assert stress.returncode == 3, stdout + stderr
+    assert "requests failed during c=1" in stderr
+    assert stdout.startswith("partial run:")
+    result = _check_outputs(out)
+    assert result["status"] == "ERROR" and "c=1" in result["error"]
+    phase = result["phases"][0]
+    assert phase["name"] == "c=1" and not phase["complete"]
+    assert phase["requests"][0]["error"]
+    assert result["sampling"]["samples"] >= 10
+    assert os.path.getsize(out / "stress.csv") > 0
