@@ -67,7 +67,7 @@ export_vllm_env() {
   export HF_HOME
   # Compile artefacts on the model-cache volume: a restart reuses them instead of recompiling.
   export VLLM_CACHE_ROOT="${HF_HOME}/vllm"
-  export VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS SPARK_KEEP_BF16_LMHEAD
+  export VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS SPARK_KEEP_BF16_LMHEAD SPARK_LMHEAD_CALIBRATE
   # The key goes through the environment so that it never shows in `ps` or in logs.
   if [[ -n "${API_KEY:-}" ]]; then
     export VLLM_API_KEY="${API_KEY}"
@@ -80,7 +80,7 @@ print_dry_run() {
   local name
   printf '%s: dry run (vLLM %s found); nothing started\n' "${PROG}" "${VLLM_FOUND_VERSION}"
   for name in HF_HOME VLLM_CACHE_ROOT VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS \
-    SPARK_KEEP_BF16_LMHEAD; do
+    SPARK_KEEP_BF16_LMHEAD SPARK_LMHEAD_CALIBRATE; do
     printf 'env: %s=%s\n' "${name}" "${!name@Q}"
   done
   for name in VLLM_API_KEY HF_TOKEN; do

@@ -170,6 +170,11 @@ KNOBS: tuple[Knob, ...] = (
     Knob("SPARK_KEEP_BF16_LMHEAD", "bool", "0", group="memory",
          why="1 keeps the bf16 lm-head instead of the plugin's int8 copy (about 0.7 GiB "
              "back to the KV pool, half the head's memory traffic)."),
+    Knob("SPARK_LMHEAD_CALIBRATE", "choice", "auto", group="memory",
+         choices=("auto", "force", "off"),
+         why="How the int8 lm-head picks its kernels: auto measures them (and bf16) on this "
+             "GPU at the first start and caches the choice under HF_HOME; force measures "
+             "again; off uses the built-in table, tuned on an H200."),
     # The memory guard (sparkserve guard, docs/MEMORY.md)
     Knob("GUARD", "bool", "1", group="memory",
          why="1 starts the memory guard next to vLLM: it stops vLLM (SIGTERM, then SIGKILL) "
