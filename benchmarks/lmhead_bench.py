@@ -43,8 +43,14 @@ SHAPES = [(248320, 3072), (151936, 2048), (248320, 2048)]  # (N, K); the first i
 MS = [1, 2, 4, 8, 13, 16, 26, 39, 64]
 REL_TOL = 1e-2
 TOP1_MIN = 0.999
-SPEEDUP_TARGET = 1.8
-FLOOR_TARGET = {1: 1.1, 64: 1.3}
+# Targets (issue 15): M <= 16 at least 1.85x bf16, M = 1 within 1.1x the int8 floor, and never
+# slower than bf16 above. The earlier 1.8x at M = 39/64 on an H200 is retired: a GB10 moves 4x
+# fewer bytes per FLOP, so the H200's large-M costs do not decide Spark speed.
+FLOOR_TARGET = {1: 1.1}
+
+
+def speedup_target(m: int) -> float:
+    return 1.85 if m <= 16 else 1.0
 
 
 def log(msg: str) -> None:
@@ -475,7 +481,7 @@ def run_shape(
         ratio = t_int8 / floor_ms
         speedup = t_bf16 / t_int8
         tgt = FLOOR_TARGET.get(m)
-        passed = speedup >= SPEEDUP_TARGET and (tgt is None or ratio <= tgt)
+        passed = speedup >= speedup_target(m) and (tgt is None or ratio <= tgt)
         rows.append(
             {
                 "M": m,
@@ -634,7 +640,9 @@ def main() -> int:
             f"{'int8/floor':>10} {'rel err':>8} target   (graph replays; eager bf16/int8)"
         )
         for r in sh["rows"]:
-            tgt = f"x{SPEEDUP_TARGET}" + (f",{r['floor_target']}fl" if r["floor_target"] else "")
+            tgt = f"x{speedup_target(r['M'])}" + (
+                f",{r['floor_target']}fl" if r["floor_target"] else ""
+            )
             log(
                 f"{r['M']:>4} {r['bf16_ms']:8.4f} {r['int8_ms']:8.4f} {r['speedup']:7.2f} "
                 f"{r['int8_floor_ms']:8.4f} {r['int8_over_floor']:10.3f} {r['rel_err']:8.1e} "

@@ -34,6 +34,17 @@ def _bf16(w: torch.Tensor) -> Callable[[torch.Tensor], torch.Tensor]:
     return lambda x: torch.nn.functional.linear(x, w)
 
 
+BAD_TABLE = ((16, BAD), *CONFIG_TABLE[1:])
+
+
+def _rows_plan(times: Callable[[int, Any], float], max_rows: int, **kwargs: Any) -> Plan:
+    """Calibrate a fresh CPU head in the rows layout with timings from ``times``."""
+    w, q, s = _head()
+    return calibrate.calibrate(
+        {layout.ROWS: q}, s, _bf16(w), max_rows=max_rows, timer=table_timer(times), **kwargs
+    )
+
+
 def table_timer(times: Callable[[int, Any], float]) -> calibrate.Timer:
     """A timer whose milliseconds come from ``times(m, choice)`` (the choice logic under test);
     it still runs every call once, as the real timer does."""
@@ -85,8 +96,6 @@ def test_candidates_start_with_the_table_entry_and_fit_the_layout() -> None:
 
 
 def test_a_bad_table_entry_is_replaced_by_the_fastest_candidate() -> None:
-    w, q, s = _head()
-    bad_table = ((16, BAD), *CONFIG_TABLE[1:])
     good = int8_kernel.select_config(1)
 
     def times(m: int, choice: Any) -> float:
@@ -94,14 +103,7 @@ def test_a_bad_table_entry_is_replaced_by_the_fastest_candidate() -> None:
             return 1.0
         return {BAD: 3.0, good: 0.4}.get(choice, 0.6)
 
-    plan = calibrate.calibrate(
-        {layout.ROWS: q},
-        s,
-        _bf16(w),
-        max_rows=13,
-        tables={layout.ROWS: bad_table},
-        timer=table_timer(times),
-    )
+    plan = _rows_plan(times, 13, tables={layout.ROWS: BAD_TABLE})
     assert plan.path == "int8" and plan.source == "measured"
     (group,) = plan.groups
     assert (group.m, group.table_ms, group.best_ms, group.best) == (13, 3.0, 0.4, good)
@@ -111,26 +113,20 @@ def test_a_bad_table_entry_is_replaced_by_the_fastest_candidate() -> None:
 
 
 def test_bf16_stays_where_int8_loses_in_any_reached_group() -> None:
-    w, q, s = _head()
-
     def times(m: int, choice: Any) -> float:
         if choice == BF16:
             return 1.0
         return 1.3 if m == 32 else 0.5  # every int8 candidate loses at 17-32 rows
 
-    plan = calibrate.calibrate({layout.ROWS: q}, s, _bf16(w), max_rows=39, timer=table_timer(times))
+    plan = _rows_plan(times, 39)
     assert plan.path == BF16
     assert "int8 (1.300 ms) is slower than bf16 (1.000 ms) at M=32" in plan.summary()
     # the same GPU with a server that never reaches 17 rows keeps int8
-    small = calibrate.calibrate(
-        {layout.ROWS: q}, s, _bf16(w), max_rows=12, timer=table_timer(times)
-    )
-    assert small.path == "int8"
+    assert _rows_plan(times, 12).path == "int8"
 
 
 def test_a_wrong_candidate_is_never_chosen(monkeypatch: pytest.MonkeyPatch) -> None:
     """A configuration whose output differs from the bf16 head's is dropped before timing."""
-    w, q, s = _head()
     real = int8_kernel.int8_linear
 
     def broken_for_bad(*args: Any, config: Any = None, **kwargs: Any) -> torch.Tensor:
@@ -140,21 +136,13 @@ def test_a_wrong_candidate_is_never_chosen(monkeypatch: pytest.MonkeyPatch) -> N
         return out
 
     monkeypatch.setattr(calibrate, "int8_linear", broken_for_bad)
-    bad_table = ((16, BAD), *CONFIG_TABLE[1:])
     timed: list[Any] = []
 
     def times(m: int, choice: Any) -> float:
         timed.append(choice)
         return {BF16: 1.0, BAD: 0.1}.get(choice, 0.5)
 
-    plan = calibrate.calibrate(
-        {layout.ROWS: q},
-        s,
-        _bf16(w),
-        max_rows=8,
-        tables={layout.ROWS: bad_table},
-        timer=table_timer(times),
-    )
+    plan = _rows_plan(times, 8, tables={layout.ROWS: BAD_TABLE})
     assert BAD not in timed and plan.groups[0].table_ms is None
     assert plan.path == "int8" and plan.table[0][1] != BAD
     assert "(table failed)" in plan.summary()
@@ -198,7 +186,6 @@ def test_the_budget_cuts_alternatives_but_never_the_table_entry_or_bf16() -> Non
 
 
 def test_a_group_where_int8_loses_tries_every_candidate_whatever_the_budget() -> None:
-    w, q, s = _head()
     own = int8_kernel.select_config(32)
     rescue = int8_kernel.select_config(1)
 
@@ -207,8 +194,7 @@ def test_a_group_where_int8_loses_tries_every_candidate_whatever_the_budget() ->
             return 1.0
         return 0.6 if choice == rescue else 1.4 if m == 32 else 0.5
 
-    plan = calibrate.calibrate({layout.ROWS: q}, s, _bf16(w), max_rows=32, budget_s=0.0,
-                               timer=table_timer(times))  # fmt: skip
+    plan = _rows_plan(times, 32, budget_s=0.0)
     g16, g32 = plan.groups
     assert g16.tried == 1 and g32.skipped == 0
     assert (g32.table_ms, g32.best, plan.path) == (1.4, rescue, "int8")
@@ -216,14 +202,12 @@ def test_a_group_where_int8_loses_tries_every_candidate_whatever_the_budget() ->
 
 
 def test_an_alternative_within_the_noise_keeps_the_built_in_entry() -> None:
-    w, q, s = _head()
     own = int8_kernel.select_config(16)
 
     def times(m: int, choice: Any) -> float:
         return 1.0 if choice == BF16 else 0.50 if choice == own else 0.49  # 2% faster
 
-    plan = calibrate.calibrate({layout.ROWS: q}, s, _bf16(w), max_rows=16,
-                               timer=table_timer(times))  # fmt: skip
+    plan = _rows_plan(times, 16)
     assert plan.groups[0].best == own and plan.groups[0].tried > 1
 
 
@@ -242,14 +226,7 @@ def test_a_real_measurement_on_the_cpu_times_every_candidate() -> None:
 
 
 def _plan() -> Plan:
-    w, q, s = _head()
-    return calibrate.calibrate(
-        {layout.ROWS: q},
-        s,
-        _bf16(w),
-        max_rows=20,
-        timer=table_timer(lambda m, c: 1.0 if c == BF16 else 0.5),
-    )
+    return _rows_plan(lambda m, c: 1.0 if c == BF16 else 0.5, 20)
 
 
 def test_the_key_names_gpu_driver_triton_shape_and_version() -> None:
