@@ -72,8 +72,10 @@ def wall_timer(m: int, calls: Mapping[Any, Callable[[], Any]]) -> dict[Any, floa
 
 
 def test_groups_are_the_dispatch_groups_the_server_reaches() -> None:
-    assert calibrate.groups(CONFIG_TABLE, 39) == [(16, 16), (32, 32), (48, 39)]
-    assert calibrate.groups(WGMMA_TABLE, 39) == [(16, 16), (32, 32), (64, 39)]
+    assert calibrate.groups(CONFIG_TABLE, 39) == [(16, 16), (32, 32), (40, 39)]
+    assert calibrate.groups(WGMMA_TABLE, 39) == [(16, 16), (32, 32), (40, 39)]
+    assert calibrate.groups(CONFIG_TABLE, 64) == [(16, 16), (32, 32), (40, 40), (48, 48),
+                                                  (1 << 62, 64)]  # fmt: skip
     assert calibrate.groups(CONFIG_TABLE, 1) == [(16, 1)]
     assert calibrate.groups(CONFIG_TABLE, 16) == [(16, 16)]
     # past the last bound: the open group, timed at no more than MAX_TIMED_ROWS rows

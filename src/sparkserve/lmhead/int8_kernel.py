@@ -116,14 +116,17 @@ class KernelConfig:
 Table = tuple[tuple[int, "KernelConfig"], ...]
 
 # The built-in tables; `calibrate` replaces entries with what it measures faster on the GPU at
-# hand. Chosen on an H200 with
-# benchmarks/lmhead_bench.py --sweep [--gluon] at N=248320, K=3072 (see
-# benchmarks/NOTES-lmhead.md). 33..48 rows: the Gluon kernel as 32 + 8 (or 16) columns, 0.268 ms
+# hand, one row range (group) at a time. A range ends where the kernels' shapes change (the Gluon
+# and wgmma kernels run 33-40 rows as 32 + 8 columns, 41-48 as 32 + 16), so that one timing
+# stands for the whole range. Chosen on an H200 with benchmarks/lmhead_bench.py --sweep [--gluon]
+# at N=248320, K=3072 (see benchmarks/NOTES-lmhead.md). 33..48 rows: the Gluon kernel, 0.268 ms
 # against 0.287 for the Triton 16-row split 3 at M=39 in one call (a tie at M=48).
+_GLUON_33_48 = KernelConfig("gluon", 0, 128, 128, 4, 3, k_slice=128, split_cols=True)
 CONFIG_TABLE: Table = (
     (16, KernelConfig("mmab", 16, 128, 256, 4, 3)),
     (32, KernelConfig("mmab", 16, 128, 128, 4, 4, split_m=2)),
-    (48, KernelConfig("gluon", 0, 128, 128, 4, 3, k_slice=128, split_cols=True)),
+    (40, _GLUON_33_48),
+    (48, _GLUON_33_48),
     (1 << 62, KernelConfig("mmab", 64, 128, 128, 4, 3)),
 )
 
@@ -143,10 +146,13 @@ GLUON_FALLBACK: Table = (
 # 64-column chunks per step and two ring slots up to 16 rows, three slots above; programs start
 # at staggered K offsets up to 32 rows); Triton's 64-row blocks beyond. Chosen on an H200 with
 # benchmarks/lmhead_bench.py --sweep-wgmma (benchmarks/NOTES-lmhead.md, session 6).
+_WGMMA_33_64 = KernelConfig("wgmma", 0, 128, 64, 4, 3, split_cols=True)
 WGMMA_TABLE: Table = (
     (16, KernelConfig("wgmma", 0, 128, 64, 4, 2, split_cols=True, chunks=2, stagger=True)),
     (32, KernelConfig("wgmma", 0, 128, 64, 4, 3, split_cols=True, stagger=True)),
-    (64, KernelConfig("wgmma", 0, 128, 64, 4, 3, split_cols=True)),
+    (40, _WGMMA_33_64),
+    (48, _WGMMA_33_64),
+    (64, _WGMMA_33_64),
     (1 << 62, KernelConfig("mmab", 64, 128, 128, 4, 3)),
 )
 
