@@ -344,7 +344,9 @@ def test_force_measures_despite_the_cache_and_off_uses_the_table(
     plugin.convert_model(_model(), max_rows=20)
     measured = len(calibrating)
     monkeypatch.setenv(plugin.CALIBRATE_ENV, "force")
-    assert plugin.convert_model(_model(), max_rows=20).plan["source"] == "measured"
+    forced = plugin.convert_model(_model(), max_rows=20)
+    assert forced.plan["source"] == "measured"
+    assert forced.calibration.endswith("; SPARK_LMHEAD_CALIBRATE=force")
     assert len(calibrating) == 2 * measured
     monkeypatch.setenv(plugin.CALIBRATE_ENV, "off")
     report = plugin.convert_model(_model(), max_rows=20)
@@ -362,7 +364,9 @@ def test_a_corrupt_cache_is_rewritten(calibrating: list[int], tmp_path: Path) ->
     cache = tmp_path / "sparkserve" / "lmhead-calibration.json"
     cache.parent.mkdir(parents=True)
     cache.write_text("not json")
-    assert plugin.convert_model(_model(), max_rows=20).plan["source"] == "measured"
+    report = plugin.convert_model(_model(), max_rows=20)
+    assert report.plan["source"] == "measured"
+    assert "corrupt cache ignored (JSONDecodeError" in report.calibration
     assert json.loads(cache.read_text())["plan"]["path"] == "int8"
 
 

@@ -249,7 +249,8 @@ def _plan_and_weight(
     path = calibration_cache.cache_path()
     try:
         key = calibration_cache.key(weight, rows)
-        cached, why = calibration_cache.load(path, key) if mode == "auto" else (None, "forced")
+        forced = (None, f"{CALIBRATE_ENV}=force")
+        cached, why = calibration_cache.load(path, key) if mode == "auto" else forced
     except Exception as error:  # no cache key: measure anyway, write nothing
         key, cached, why = None, None, f"no cache key ({type(error).__name__})"
     if cached is not None:
@@ -271,9 +272,9 @@ def _plan_and_weight(
         failed = Plan("bf16", preferred, (), source="measured",
                       note=f"calibration failed ({type(error).__name__}: {first})")  # fmt: skip
         return failed, None, scale
-    written = calibration_cache.store(path, key, plan) if key is not None else why
-    if written or note:
-        plan = dataclasses.replace(plan, note="; ".join(filter(None, [plan.note, written, note])))
+    written = calibration_cache.store(path, key, plan) if key is not None else ""
+    notes = [plan.note, "" if why == "no cache file" else why, written, note]
+    plan = dataclasses.replace(plan, note="; ".join(filter(None, notes)))
     if plan.path != "int8":
         return plan, None, scale
     return plan, weights[plan.layout], scale
