@@ -71,7 +71,7 @@ export_vllm_env() {
   export HF_HOME
   # Compile artefacts on the model-cache volume: a restart reuses them instead of recompiling.
   export VLLM_CACHE_ROOT="${HF_HOME}/vllm"
-  export VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS SPARK_KEEP_BF16_LMHEAD
+  export VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS SPARK_KEEP_BF16_LMHEAD SPARK_LMHEAD_CALIBRATE
   # fetch_models has put every checkpoint into the cache: vLLM never downloads.
   export HF_HUB_OFFLINE=1
   # The key goes through the environment so that it never shows in `ps` or in logs.
@@ -86,7 +86,7 @@ print_dry_run() {
   local name
   printf '%s: dry run (vLLM %s found); nothing started\n' "${PROG}" "${VLLM_FOUND_VERSION}"
   for name in HF_HOME VLLM_CACHE_ROOT VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS \
-    SPARK_KEEP_BF16_LMHEAD HF_HUB_OFFLINE; do
+    SPARK_KEEP_BF16_LMHEAD SPARK_LMHEAD_CALIBRATE HF_HUB_OFFLINE; do
     printf 'env: %s=%s\n' "${name}" "${!name@Q}"
   done
   for name in VLLM_API_KEY HF_TOKEN; do

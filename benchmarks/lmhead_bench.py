@@ -24,10 +24,12 @@ import os
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from sparkserve.lmhead import int8_kernel, layout
 from sparkserve.lmhead.int8_kernel import (
@@ -41,8 +43,14 @@ SHAPES = [(248320, 3072), (151936, 2048), (248320, 2048)]  # (N, K); the first i
 MS = [1, 2, 4, 8, 13, 16, 26, 39, 64]
 REL_TOL = 1e-2
 TOP1_MIN = 0.999
-SPEEDUP_TARGET = 1.8
-FLOOR_TARGET = {1: 1.1, 64: 1.3}
+# Targets (issue 15): M <= 16 at least 1.85x bf16, M = 1 within 1.1x the int8 floor, and never
+# slower than bf16 above. The earlier 1.8x at M = 39/64 on an H200 is retired: a GB10 moves 4x
+# fewer bytes per FLOP, so the H200's large-M costs do not decide Spark speed.
+FLOOR_TARGET = {1: 1.1}
+
+
+def speedup_target(m: int) -> float:
+    return 1.85 if m <= 16 else 1.0
 
 
 def log(msg: str) -> None:
@@ -55,7 +63,7 @@ def bench(fn, rep_ms: float = 100.0, warmup_ms: float = 25.0) -> float:
     return float(triton.testing.do_bench(fn, warmup=warmup_ms, rep=rep_ms, return_mode="median"))
 
 
-def bench_graph(fn) -> float:
+def bench_graph(fn, rep_ms: float = 100.0, warmup_ms: float = 25.0) -> float:
     """``bench`` of one call of ``fn`` captured in a CUDA graph: the GPU's time for it without
     the Python launch cost (vLLM replays its decode steps, lm-head included, from graphs). The
     L2 flush between replays stays, as in ``bench``."""
@@ -64,9 +72,20 @@ def bench_graph(fn) -> float:
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         fn()
-    ms = bench(graph.replay)
+    ms = bench(graph.replay, rep_ms, warmup_ms)
     del graph
     return ms
+
+
+def bench_rotated(fns: dict, rounds: int = 3) -> dict[str, float]:
+    """``bench_graph`` of each of ``fns`` in ``rounds`` rounds, each round in another order (the
+    same kernel timed later in a sequence measured up to 10% slower in one order), median."""
+    keys = list(fns)
+    times: dict[str, list[float]] = {key: [] for key in keys}
+    for r in range(rounds):
+        for key in keys[r % len(keys) :] + keys[: r % len(keys)]:
+            times[key].append(bench_graph(fns[key], 40, 10))
+    return {key: sorted(v)[len(v) // 2] for key, v in times.items()}
 
 
 def host_ms_per_call(fn, calls: int = 100) -> float:
@@ -123,16 +142,15 @@ def gluon_candidates() -> list[KernelConfig]:
 
 
 def sweep_candidates() -> list[KernelConfig]:
-    """mmab configs for M > 16, one list for every swept M (each compiles once; M is not a
-    specialisation key). Families: the current table's entries; 16- and 32-row blocks run as several
-    programs per weight tile; 64-row blocks and 16-row splits with ``mma_v2``; all of these
-    with ``asm_cvt`` (inline-PTX int8 -> bf16, one textually distinct conversion per row block).
-    Calls 1 and 2 of 2026-11-30 swept other families: see benchmarks/NOTES-lmhead.md."""
+    """mmab configs (and the benchmark-only ``mma`` kernel of ``lmhead_variants``), one list for
+    every swept M (each compiles once; M is not a specialisation key): the current table's
+    entries; 16- and 32-row blocks run as several programs per weight tile; 64-row blocks. The
+    retired ``asm_cvt`` and ``mma_v2`` families are in benchmarks/NOTES-lmhead.md."""
     cands: list[KernelConfig] = [c for _, c in int8_kernel.CONFIG_TABLE]
-    cands += [dataclasses.replace(c, asm_cvt=True) for c in list(cands)]
     for bm, split in ((16, 1), (16, 2), (16, 3), (16, 4), (32, 1), (32, 2), (64, 1)):
         for bn, bk, warps, stages in ((128, 128, 4, 3), (128, 256, 4, 3), (128, 128, 4, 4)):
-            cands.append(KernelConfig("mmab", bm, bn, bk, warps, stages, split, asm_cvt=True))
+            cands.append(KernelConfig("mmab", bm, bn, bk, warps, stages, split))
+    cands.append(KernelConfig("mma", 16, 128, 128, 4, 3))
     out: list[KernelConfig] = []
     for c in cands:
         if c not in out:
@@ -150,9 +168,17 @@ def _short(cfg: KernelConfig) -> str:
             f" ks{cfg.k_slice} wm{cfg.warps_m}{' split' if cfg.split_cols else ''}"
         )
     return (
-        f"bm{cfg.block_m} bn{cfg.block_n} bk{cfg.block_k} w{cfg.num_warps} s{cfg.num_stages}"
-        f" x{cfg.split_m}{' v2' if cfg.mma_v2 else ''}{' asm' if cfg.asm_cvt else ''}"
+        f"{cfg.kind} bm{cfg.block_m} bn{cfg.block_n} bk{cfg.block_k} w{cfg.num_warps}"
+        f" s{cfg.num_stages} x{cfg.split_m}"
     )
+
+
+def _sweep_call(x, q, s, out, cfg: KernelConfig) -> Any:
+    import lmhead_variants  # benchmark-only kernels (needs Triton)
+
+    if cfg.kind == "mma":
+        return lmhead_variants.mma_int8_linear(x, q, s, out, cfg)
+    return int8_kernel._triton_int8_linear(x, q, s, None, out, cfg)
 
 
 def sweep(dev: torch.device, n: int, k: int, budget_s: float, gluon: bool = False) -> dict:
@@ -171,12 +197,12 @@ def sweep(dev: torch.device, n: int, k: int, budget_s: float, gluon: bool = Fals
             for m in SWEEP_MS:
                 x = xs[m]
                 out = torch.full((m, n), float("nan"), device=dev, dtype=torch.bfloat16)
-                ck = int8_kernel._triton_int8_linear(x, q, s, None, out, cfg)
+                ck = _sweep_call(x, q, s, out, cfg)
                 wg = "wgmma" in str(getattr(ck, "asm", {}).get("ptx", ""))
                 if (out.float() - refs[m]).abs().max().item() > 0.05 or out.isnan().any().item():
                     log(f"sweep: {cfg} gives different results at M={m}")
                     continue
-                ms = bench(lambda c=cfg, x=x, q=q, s=s: int8_linear(x, q, s, config=c), 25, 5)
+                ms = bench(lambda c=cfg, x=x, q=q, s=s, o=out: _sweep_call(x, q, s, o, c), 25, 5)
                 results[m].append((ms, cfg, wg))
         except Exception as exc:  # a config that does not compile or fit is skipped
             log(f"sweep: {cfg} failed: {type(exc).__name__}: {str(exc)[:160]}")
@@ -242,6 +268,111 @@ def sweep_wgmma(dev: torch.device, n: int, k: int) -> dict:
     del q, s
     torch.cuda.empty_cache()
     return res
+
+
+BAD_ENTRY = KernelConfig("mmab", 64, 64, 64, 4, 2)  # 64-row blocks of small tiles for M <= 16
+
+
+def calibration_run(dev: torch.device, bw: float, preferred: str, max_rows: int) -> dict:
+    """The plugin's calibration on this GPU at the main shape: its time (cold: the first in this
+    process, with compiles; warm: again), the plan for the rows layout (the Spark's), the plan
+    with a deliberately bad 1-16-row entry, and the plan over every layout this GPU can use;
+    then every M from 1 to ``max_rows`` timed (graph replays) for bf16, the rows layout's
+    built-in table, and what each plan serves."""
+    from sparkserve.lmhead import calibrate
+
+    n, k = SHAPES[0]
+    w = (torch.randn(n, k, device=dev) * 0.02).to(torch.bfloat16)
+    q, s = quantize_rows_int8(w)
+
+    def bf16(x: torch.Tensor) -> torch.Tensor:
+        return torch.nn.functional.linear(x, w)
+
+    def run(weights: dict, tables: dict | None = None) -> tuple[calibrate.Plan, float]:
+        torch.cuda.synchronize()
+        t0 = time.monotonic()
+        plan = calibrate.calibrate(weights, s, bf16, max_rows=max_rows, tables=tables)
+        return plan, time.monotonic() - t0
+
+    rows_cold, cold_s = run({layout.ROWS: q})
+    rows_plan, warm_s = run({layout.ROWS: q})
+    bad_table = ((16, BAD_ENTRY), *int8_kernel.CONFIG_TABLE[1:])
+    bad_plan, bad_s = run({layout.ROWS: q}, {layout.ROWS: bad_table})
+    packed = {layout.ROWS: q}
+    if preferred != layout.ROWS:
+        packed = {preferred: layout.pack(q, preferred), layout.ROWS: q}
+    gpu_plan, gpu_s = run(packed)
+    for name, plan, sec in (
+        ("rows, cold", rows_cold, cold_s),
+        ("rows", rows_plan, warm_s),
+        ("rows, bad entry", bad_plan, bad_s),
+        ("this GPU", gpu_plan, gpu_s),
+    ):
+        log(f"calibration {name}: {sec:.2f} s wall; {plan.path}: {plan.summary()}")  # fmt: skip
+    floor_ms = (q.numel() + 4 * n) / bw * 1e3
+
+    def served(plan: calibrate.Plan, x: torch.Tensor) -> Any:
+        if plan.path != "int8":
+            return lambda: bf16(x)
+        wq = packed.get(plan.layout, q)
+        return lambda: int8_linear(x, wq, s, weight_layout=plan.layout, table=plan.table)
+
+    rows = []
+    for m in range(1, max_rows + 1):
+        x = torch.randn(m, k, device=dev, dtype=torch.bfloat16)
+        fns = {
+            "bf16": lambda x=x: bf16(x),
+            "rows_table": lambda x=x: int8_linear(x, q, s),
+            "rows_calibrated": served(rows_plan, x),
+            "bad_calibrated": served(bad_plan, x),
+            "gpu_calibrated": served(gpu_plan, x),
+        }
+        t = bench_rotated(fns)
+        rows.append({"M": m, **t})
+        log(f"M={m:3d} " + " ".join(f"{key} {ms:.4f}" for key, ms in t.items()))
+    worse = [r["M"] for r in rows if r["rows_calibrated"] > r["bf16"]]
+    low = rows[:16]
+    result = {
+        "max_rows": max_rows,
+        "int8_floor_ms": floor_ms,
+        "seconds": {"rows_cold": cold_s, "rows_warm": warm_s, "bad": bad_s, "gpu": gpu_s},
+        "plans": {
+            name: {**dataclasses.asdict(p), "summary": p.summary()}
+            for name, p in (
+                ("rows", rows_plan),
+                ("rows_cold", rows_cold),
+                ("bad", bad_plan),
+                ("gpu", gpu_plan),
+            )
+        },
+        "rows": rows,
+        "rows_calibrated_slower_than_bf16_at": worse,
+        "bad_calibrated_slower_than_bf16_at": [
+            r["M"] for r in rows if r["bad_calibrated"] > r["bf16"]
+        ],
+        "gpu_calibrated_slower_than_bf16_at": [
+            r["M"] for r in rows if r["gpu_calibrated"] > r["bf16"]
+        ],
+        "rows_min_speedup_m_le_16": min(r["bf16"] / r["rows_calibrated"] for r in low),
+        "rows_m1_over_floor": rows[0]["rows_calibrated"] / floor_ms,
+        "bad_entry": dataclasses.asdict(BAD_ENTRY),
+        "bad_entry_replaced_by": dataclasses.asdict(bad_plan.table[0][1]),
+    }
+    log("")
+    log(f"calibration at N={n} K={k}, rows 1-{max_rows}; int8 floor {floor_ms:.4f} ms; "
+        f"calibration wall time: cold {cold_s:.2f} s, warm {warm_s:.2f} s")  # fmt: skip
+    log(f"{'M':>4} {'bf16':>7} {'table':>7} {'calib':>7} {'x bf16':>6} {'bad->':>7} {'gpu':>7}")
+    for r in rows:
+        log(
+            f"{r['M']:>4} {r['bf16']:7.4f} {r['rows_table']:7.4f} {r['rows_calibrated']:7.4f} "
+            f"{r['bf16'] / r['rows_calibrated']:6.2f} {r['bad_calibrated']:7.4f} "
+            f"{r['gpu_calibrated']:7.4f}"
+        )
+    log(f"rows path with calibration slower than bf16 at M = {worse or 'none'}; "
+        f"M <= 16 min speedup {result['rows_min_speedup_m_le_16']:.2f}x; "
+        f"M = 1 at {result['rows_m1_over_floor']:.3f}x the floor; bad entry {_short(BAD_ENTRY)} "
+        f"replaced by {_short(bad_plan.table[0][1])}")  # fmt: skip
+    return result
 
 
 def top1_check(
@@ -350,7 +481,7 @@ def run_shape(
         ratio = t_int8 / floor_ms
         speedup = t_bf16 / t_int8
         tgt = FLOOR_TARGET.get(m)
-        passed = speedup >= SPEEDUP_TARGET and (tgt is None or ratio <= tgt)
+        passed = speedup >= speedup_target(m) and (tgt is None or ratio <= tgt)
         rows.append(
             {
                 "M": m,
@@ -442,6 +573,13 @@ def main() -> int:
     ap.add_argument(
         "--sweep-wgmma", action="store_true", help="time wgmma kernel configs at the main shape"
     )
+    ap.add_argument(
+        "--calibrate",
+        type=int,
+        default=0,
+        metavar="ROWS",
+        help="run the plugin's calibration for 1..ROWS rows first and time every M against it",
+    )
     args = ap.parse_args()
 
     if not torch.cuda.is_available() or not int8_kernel.HAS_TRITON:
@@ -468,6 +606,9 @@ def main() -> int:
     bw = copy["bytes_per_s"]
     log(f"copy bandwidth {bw / 1e12:.3f} TB/s (read+write)")
     result: dict = {"meta": meta, "copy_bandwidth": copy}
+    if args.calibrate:
+        result["calibration"] = calibration_run(dev, bw, lay, args.calibrate)
+        torch.cuda.empty_cache()
     if args.sweep:
         result["sweep"] = sweep(dev, *SHAPES[0], args.sweep_budget_s, args.gluon)
     if args.sweep_wgmma:
@@ -499,7 +640,9 @@ def main() -> int:
             f"{'int8/floor':>10} {'rel err':>8} target   (graph replays; eager bf16/int8)"
         )
         for r in sh["rows"]:
-            tgt = f"x{SPEEDUP_TARGET}" + (f",{r['floor_target']}fl" if r["floor_target"] else "")
+            tgt = f"x{speedup_target(r['M'])}" + (
+                f",{r['floor_target']}fl" if r["floor_target"] else ""
+            )
             log(
                 f"{r['M']:>4} {r['bf16_ms']:8.4f} {r['int8_ms']:8.4f} {r['speedup']:7.2f} "
                 f"{r['int8_floor_ms']:8.4f} {r['int8_over_floor']:10.3f} {r['rel_err']:8.1e} "

@@ -200,6 +200,11 @@ KNOBS: tuple[Knob, ...] = (
          why="1 turns the int8 lm-head off: vLLM's bf16 head serves, costing about 0.7 GiB "
              "of KV pool and twice the head's memory traffic (in the design note, 1 kept a "
              "bf16 copy next to the int8 one)."),
+    Knob("SPARK_LMHEAD_CALIBRATE", "choice", "auto", group="memory",
+         choices=("auto", "force", "off"),
+         why="How the int8 lm-head picks its kernels: auto measures them (and bf16) on this "
+             "GPU at the first start and caches the choice under HF_HOME; force measures "
+             "again; off uses the built-in table, tuned on an H200."),
     # The memory guard (sparkserve guard, docs/MEMORY.md)
     Knob("GUARD", "bool", "1", group="memory",
          why="1 starts the memory guard next to vLLM: it stops vLLM (SIGTERM, then SIGKILL) "

@@ -196,7 +196,7 @@ def test_config_table_is_monotone_and_covers_large_m() -> None:
     assert bounds == sorted(bounds)
     for m in (1, 13, 39, 64, 65, 4096):
         cfg = select_config(m)
-        assert cfg.kind in ("mma", "mmab", "gluon")
+        assert cfg.kind in ("mmab", "gluon")
         assert cfg.block_m >= 16 or cfg.kind == "gluon"
         assert cfg.block_n >= 16 and cfg.block_k >= 16
 
@@ -217,7 +217,7 @@ cuda_only = pytest.mark.skipif(not CUDA_TRITON, reason="needs CUDA and Triton")
 @cuda_only
 @pytest.mark.parametrize(("n", "k"), [(1000, 256), (4099, 3072), (777, 200)])
 @pytest.mark.parametrize("m", [1, 4, 13, 16, 39, 64, 100])
-@pytest.mark.parametrize("kind", ["table", "mma", "mmab", "split3", "gluon"])
+@pytest.mark.parametrize("kind", ["table", "mmab", "split3", "gluon"])
 def test_triton_matches_float64(n: int, k: int, m: int, kind: str) -> None:
     dev = torch.device("cuda")
     w = (torch.randn(n, k, device=dev) * 0.02).to(torch.bfloat16)
@@ -226,7 +226,6 @@ def test_triton_matches_float64(n: int, k: int, m: int, kind: str) -> None:
     bias = torch.randn(n, device=dev, dtype=torch.bfloat16)
     cfg = {
         "table": None,
-        "mma": KernelConfig("mma", 16, 64, 64, 4, 3),
         "mmab": KernelConfig("mmab", 16, 64, 64, 4, 3),
         "split3": KernelConfig("mmab", 16, 64, 64, 4, 3, split_m=3),
         "gluon": KernelConfig("gluon", 0, 128, 64, 4, 3),  # falls back where it cannot run

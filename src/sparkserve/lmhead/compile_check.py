@@ -126,8 +126,8 @@ def _source(job: _Job, n: int, k: int, tiled: bool) -> tuple[Any, dict[str, Any]
         fn = int8_gluon._int8_gluon_kernel
         sig = {**_pointer_signature(fn), **dict.fromkeys(cst, "constexpr")}
         return GluonASTSource(fn, sig, cst, _aligned(fn, job.m, n, k)), {"num_warps": cfg.num_warps}
-    cst = int8_kernel.launch_constexprs(cfg, k, has_bias=False, bf16=True, tiled=tiled)
-    fn = int8_kernel._int8_mma_kernel if cfg.kind == "mma" else int8_kernel._int8_mmab_kernel
+    cst = int8_kernel.launch_constexprs(cfg, k, has_bias=False, tiled=tiled)
+    fn = int8_kernel._int8_mmab_kernel
     sig = {**_pointer_signature(fn), **dict.fromkeys(cst, "constexpr")}
     options = {"num_warps": cfg.num_warps, "num_stages": cfg.num_stages}
     return triton.compiler.ASTSource(fn, sig, cst, _aligned(fn, job.m, n, k)), options

@@ -4,19 +4,23 @@
 ``w ~= q * scale[:, None]``; ``int8_linear`` computes ``x @ (q * scale[:, None]).T (+ bias)``
 without ever building the dequantised weight.
 
-On CUDA with Triton the product runs in one Triton kernel that streams the int8 weight once,
-converts each tile to bf16 (or fp16) in registers and feeds it to a tensor-core dot with the
-activation rows padded to at least 16; the per-row scale and the bias are applied to the fp32
-accumulator at the end.
-Kinds: ``"mmab"`` computes ``x @ W.T`` (weight as the dot's right operand), ``"mma"`` the
-transposed ``W @ x.T``; ``"gluon"`` (33 to 48 rows) is the explicit-layout Gluon kernel of
-``int8_gluon``; ``"wgmma"`` is the Hopper kernel of ``int8_wgmma``, which needs the weight in
-``layout.WGMMA``. Launch configurations come from fixed tables indexed by M (``CONFIG_TABLE`` for
-the ``rows`` layout, ``WGMMA_TABLE`` for ``wgmma``); nothing is autotuned at run time and nothing
-is synchronised with the host. Besides the output, the only allocations are a gathered copy of x
-when Triton reads the ``wgmma`` layout (more than 64 rows, or the fallback) and a copy of an x
-whose address TMA cannot use (not 16-byte aligned), so the call can be captured in a CUDA graph
-(after one warm-up call has compiled the kernel).
+On CUDA with Triton the product runs in one kernel that streams the int8 weight once, converts
+each tile to bf16 (or fp16) in registers and feeds it to the tensor cores; the per-row scale and
+the bias are applied to the fp32 accumulator at the end. Kinds (``KernelConfig.kind``):
+
+- every CUDA GPU, the Spark's GB10 included (weight in ``layout.ROWS``): ``"mmab"``, Triton's
+  ``x @ W.T`` with the weight as the dot's right operand; ``"gluon"`` (up to 64 rows), the
+  explicit-layout Gluon ``mma.sync`` kernel of ``int8_gluon``;
+- Hopper (sm_90) only (weight in ``layout.WGMMA``): ``"wgmma"``, the kernel of ``int8_wgmma``,
+  and ``"mmab"`` reading the tiled layout.
+
+Launch configurations come from tables indexed by M: the built-in ``CONFIG_TABLE`` (rows) and
+``WGMMA_TABLE`` (wgmma), or the table ``calibrate`` measured on the GPU at load
+(``int8_linear(..., table=...)``). Nothing is tuned and nothing is synchronised with the host
+during a call. Besides the output, the only allocations are a gathered copy of x when Triton
+reads the ``wgmma`` layout and a copy of an x whose address TMA cannot use (not 16-byte aligned),
+so the call can be captured in a CUDA graph (after one warm-up call has compiled the kernel).
+Variants that no table can choose live in ``benchmarks/`` (``lmhead_variants.py``).
 
 Everything else (CPU tensors, fp32 activations, no Triton) takes a torch path that dequantises the
 weight in row chunks, so it never holds more than ``chunk_bytes`` of fp32 weight at once.
@@ -29,7 +33,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import os
 from typing import Any
 
 import torch
@@ -50,6 +53,8 @@ __all__ = [
     "CONFIG_TABLE",
     "HAS_TRITON",
     "KernelConfig",
+    "Table",
+    "built_in_table",
     "dequantize_rows_int8",
     "fewer_stages",
     "gluon_config",
@@ -66,22 +71,13 @@ _DEFAULT_CHUNK_BYTES = 64 << 20
 
 @dataclasses.dataclass(frozen=True)
 class KernelConfig:
-    """One launch configuration of the Triton kernel.
+    """One launch configuration of a kernel.
 
-    ``kind`` is ``"mmab"`` (``x @ W.T``) or ``"mma"`` (``W @ x.T``, swapped operands).
+    ``kind`` is ``"mmab"`` (Triton, ``x @ W.T``), ``"gluon"`` or ``"wgmma"`` (module docstring).
     ``block_m`` rows of x, ``block_n`` weight rows and ``block_k`` columns per step are handled by
-    one program; ``num_warps`` and ``num_stages`` are passed to Triton. ``split_m`` (``mmab`` only,
-    1 to 4) gives each program that many blocks of ``block_m`` rows, all multiplied with one
-    converted weight tile: M up to 64 then runs as up to four 16-row dots (``mma.sync``) instead
-    of one 64-row ``wgmma``, which would need the converted tile written back to shared memory.
-    ``mma_v2`` compiles the kernel with Triton's ``DISABLE_MMA_V3`` switch set, so that a
-    ``block_m`` of 64 runs as warp-level ``mma.sync`` (the int8 tile is loaded into registers in
-    the B-fragment layout and converted there once per warp, for all row blocks) instead of a
-    ``wgmma`` that reads the converted tile back from shared memory.
-    ``asm_cvt`` (bf16 activations only) converts int8 to bf16 with inline PTX (the 2**23
-    magic-number trick: ``prmt`` the byte into an fp32 mantissa, one ``sub.f32``, ``prmt`` the high
-    halves together; no I2F), with a textually distinct copy per row block so that Triton does not
-    merge the conversions of a split program into one shared-memory round trip.
+    one program; ``num_warps`` and ``num_stages`` are passed to Triton. ``split_m`` (``mmab``, 1
+    to 4) gives each program that many blocks of ``block_m`` rows, all multiplied with one
+    converted weight tile (M up to 64 as up to four 16-row ``mma.sync`` dots).
     ``kind="gluon"`` runs the explicit-layout Gluon kernel of ``int8_gluon`` (``out.T = W @ x.T``
     with ``mma.sync``; weight and x tiles through a ``cp.async`` ring in shared memory, the weight
     converted once in A-fragment registers for all x columns); it uses ``block_n``, ``block_k``,
@@ -90,7 +86,7 @@ class KernelConfig:
     splitting the x columns) and ``split_cols`` (M as two accumulators, a power of two plus 8 or
     16, e.g. 39 as 32 + 8). ``block_m`` is unused (M <= 64 only). Where Gluon is missing or the
     shape does not fit, the call falls back to ``GLUON_FALLBACK`` (Triton).
-    ``kind="wgmma"`` (weights in the ``wgmma`` layout only) runs ``int8_wgmma``'s Hopper kernel:
+    ``kind="wgmma"`` (Hopper, weights in the ``wgmma`` layout only) runs ``int8_wgmma``'s kernel:
     ``num_stages`` weight-ring and ``x_stages`` x-ring slots (0: as many) of ``chunks`` x 64 K
     columns, ``split_cols`` (33 to 48 rows as 32 + 8 or 32 + 16 columns), and ``stagger`` (each
     program starts its walk over K at a different step).
@@ -103,8 +99,6 @@ class KernelConfig:
     num_warps: int
     num_stages: int
     split_m: int = 1
-    mma_v2: bool = False
-    asm_cvt: bool = False
     k_width: int = 8
     k_slice: int = 32
     warps_m: int = 1
@@ -118,22 +112,29 @@ class KernelConfig:
         return self.block_m * self.split_m
 
 
-# (largest M, config): the first entry whose bound is >= M is used; the last one serves any
-# larger M (its grid covers M in blocks of block_m). Chosen on an H200 with
-# benchmarks/lmhead_bench.py --sweep [--gluon] at N=248320, K=3072 (see
-# benchmarks/NOTES-lmhead.md). 33..48 rows: the Gluon kernel as 32 + 8 (or 16) columns, 0.268 ms
+# A table: (largest M, config) rows; the first entry whose bound is >= M is used; the last one
+# serves any larger M (its grid covers M in blocks of block_m).
+Table = tuple[tuple[int, "KernelConfig"], ...]
+
+# The built-in tables; `calibrate` replaces entries with what it measures faster on the GPU at
+# hand, one row range (group) at a time. A range ends where the kernels' shapes change (the Gluon
+# and wgmma kernels run 33-40 rows as 32 + 8 columns, 41-48 as 32 + 16), so that one timing
+# stands for the whole range. Chosen on an H200 with benchmarks/lmhead_bench.py --sweep [--gluon]
+# at N=248320, K=3072 (see benchmarks/NOTES-lmhead.md). 33..48 rows: the Gluon kernel, 0.268 ms
 # against 0.287 for the Triton 16-row split 3 at M=39 in one call (a tie at M=48).
-CONFIG_TABLE: tuple[tuple[int, KernelConfig], ...] = (
+_GLUON_33_48 = KernelConfig("gluon", 0, 128, 128, 4, 3, k_slice=128, split_cols=True)
+CONFIG_TABLE: Table = (
     (16, KernelConfig("mmab", 16, 128, 256, 4, 3)),
     (32, KernelConfig("mmab", 16, 128, 128, 4, 4, split_m=2)),
-    (48, KernelConfig("gluon", 0, 128, 128, 4, 3, k_slice=128, split_cols=True)),
+    (40, _GLUON_33_48),
+    (48, _GLUON_33_48),
     (1 << 62, KernelConfig("mmab", 64, 128, 128, 4, 3)),
 )
 
 
 # Used for a "gluon" entry where the Gluon kernel cannot run (no Gluon, K not a multiple of
 # block_k, M > 64): the Triton mmab kernel.
-GLUON_FALLBACK: tuple[tuple[int, KernelConfig], ...] = (
+GLUON_FALLBACK: Table = (
     (16, KernelConfig("mmab", 16, 128, 256, 4, 3)),
     (32, KernelConfig("mmab", 16, 128, 128, 4, 4, split_m=2)),
     (48, KernelConfig("mmab", 16, 128, 128, 4, 3, split_m=3)),
@@ -141,14 +142,18 @@ GLUON_FALLBACK: tuple[tuple[int, KernelConfig], ...] = (
 )
 
 
-# The same for a weight in the ``wgmma`` layout (Hopper): the wgmma kernel up to 64 rows (two
+# --- Hopper (sm_90) only: a GB10 never stores the wgmma layout ---------------------------------
+# The same for a weight in the ``wgmma`` layout: the wgmma kernel up to 64 rows (two
 # 64-column chunks per step and two ring slots up to 16 rows, three slots above; programs start
 # at staggered K offsets up to 32 rows); Triton's 64-row blocks beyond. Chosen on an H200 with
 # benchmarks/lmhead_bench.py --sweep-wgmma (benchmarks/NOTES-lmhead.md, session 6).
-WGMMA_TABLE: tuple[tuple[int, KernelConfig], ...] = (
+_WGMMA_33_64 = KernelConfig("wgmma", 0, 128, 64, 4, 3, split_cols=True)
+WGMMA_TABLE: Table = (
     (16, KernelConfig("wgmma", 0, 128, 64, 4, 2, split_cols=True, chunks=2, stagger=True)),
     (32, KernelConfig("wgmma", 0, 128, 64, 4, 3, split_cols=True, stagger=True)),
-    (64, KernelConfig("wgmma", 0, 128, 64, 4, 3, split_cols=True)),
+    (40, _WGMMA_33_64),
+    (48, _WGMMA_33_64),
+    (64, _WGMMA_33_64),
     (1 << 62, KernelConfig("mmab", 64, 128, 128, 4, 3)),
 )
 
@@ -158,9 +163,17 @@ WGMMA_TABLE: tuple[tuple[int, KernelConfig], ...] = (
 WGMMA_FALLBACK = GLUON_FALLBACK
 
 
-def select_config(m: int, weight_layout: str = layout.ROWS) -> KernelConfig:
-    """The table's configuration for ``m`` rows of activations and a weight in ``weight_layout``."""
-    table = WGMMA_TABLE if weight_layout == layout.WGMMA else CONFIG_TABLE
+def built_in_table(weight_layout: str = layout.ROWS) -> Table:
+    """The table shipped for a weight in ``weight_layout``."""
+    return WGMMA_TABLE if weight_layout == layout.WGMMA else CONFIG_TABLE
+
+
+def select_config(
+    m: int, weight_layout: str = layout.ROWS, table: Table | None = None
+) -> KernelConfig:
+    """``table``'s configuration (default: the built-in one for ``weight_layout``) for ``m`` rows
+    of activations."""
+    table = table or built_in_table(weight_layout)
     for bound, cfg in table:
         if m <= bound:
             return cfg
@@ -244,6 +257,7 @@ def int8_linear(
     out: torch.Tensor | None = None,
     config: KernelConfig | None = None,
     weight_layout: str = layout.ROWS,
+    table: Table | None = None,
 ) -> torch.Tensor:
     """``x @ (w_int8 * scale[:, None]).T + bias``, dtype ``x.dtype``, shape ``(..., N)``.
 
@@ -252,7 +266,8 @@ def int8_linear(
     ``out`` (optional) is a ``(M, N)`` tensor of ``x.dtype`` whose last dimension is contiguous,
     with M the number of rows of ``x`` flattened; it is written and returned reshaped to
     ``(..., N)``.
-    ``config`` overrides the table (benchmarks only).
+    ``table`` is the launch table (default: the built-in one for the layout; the plugin passes
+    the calibrated one); ``config`` overrides any table (calibration and benchmarks).
     """
     n, k = _check_args(x, w_int8, scale, bias, weight_layout)
     lead = x.shape[:-1]
@@ -264,7 +279,7 @@ def int8_linear(
         raise ValueError("out must be (M, N) of x.dtype with a contiguous last dimension")
     if m > 0 and n > 0:
         if _use_triton(x2, w_int8):
-            cfg = config or select_config(m, weight_layout)
+            cfg = config or select_config(m, weight_layout, table)
             _triton_int8_linear(x2, w_int8, scale, bias, out, cfg, weight_layout)
         else:
             _torch_int8_linear(x2, w_int8, scale, bias, out, weight_layout)
@@ -385,23 +400,12 @@ def _triton_int8_linear(
     if bias is not None:
         bias = bias.contiguous()
     grid = (triton.cdiv(m, cfg.rows_per_program) * triton.cdiv(n, cfg.block_n),)
-    kernel: Any = _int8_mma_kernel if cfg.kind == "mma" else _int8_mmab_kernel
-    constexprs = launch_constexprs(cfg, k, bias is not None, x2.dtype == torch.bfloat16, tiled)
-    # DISABLE_MMA_V3 is read by Triton's compiler (and is part of its disk-cache key); MMA_V2, a
-    # constexpr the kernel ignores, keeps the two compilations apart in the in-memory cache. The
-    # variable is set only around this launch, so other Triton kernels are unaffected.
-    saved = os.environ.get("DISABLE_MMA_V3")
-    if cfg.mma_v2:
-        os.environ["DISABLE_MMA_V3"] = "1"
-    elif saved is not None:
-        del os.environ["DISABLE_MMA_V3"]
-    try:
-        return _launch_fitted(kernel, grid, x2, w_int8, scale, bias, out, m, n, k, cfg, constexprs)
-    finally:
-        if saved is None:
-            os.environ.pop("DISABLE_MMA_V3", None)
-        else:
-            os.environ["DISABLE_MMA_V3"] = saved
+    if cfg.kind != "mmab":
+        raise ValueError(f"unknown kernel kind {cfg.kind!r}; allowed: mmab, gluon, wgmma")
+    constexprs = launch_constexprs(cfg, k, bias is not None, tiled)
+    return _launch_fitted(
+        _int8_mmab_kernel, grid, x2, w_int8, scale, bias, out, m, n, k, cfg, constexprs
+    )
 
 
 def preferred_layout(device: torch.device) -> str:
@@ -434,24 +438,18 @@ def gluon_config(cfg: KernelConfig) -> Any:
     )  # fmt: skip
 
 
-def launch_constexprs(
-    cfg: KernelConfig, k: int, has_bias: bool, bf16: bool, tiled: bool
-) -> dict[str, Any]:
-    """The Triton kernels' compile-time arguments (also used to compile them without a GPU in
-    the tests); ``bf16``: the activations are bf16, ``tiled``: the weight is in the wgmma
-    layout."""
-    constexprs: dict[str, Any] = {
+def launch_constexprs(cfg: KernelConfig, k: int, has_bias: bool, tiled: bool) -> dict[str, Any]:
+    """The Triton kernel's compile-time arguments (also used to compile it without a GPU in the
+    tests); ``tiled``: the weight is in the wgmma layout."""
+    return {
         "HAS_BIAS": has_bias,
         "EVEN_K": k % cfg.block_k == 0,
         "BLOCK_M": cfg.block_m,
         "BLOCK_N": cfg.block_n,
         "BLOCK_K": cfg.block_k,
+        "SPLIT_M": cfg.split_m,
+        "TILED": tiled,
     }
-    if cfg.kind != "mma":
-        constexprs.update(
-            SPLIT_M=cfg.split_m, MMA_V2=cfg.mma_v2, ASM_CVT=cfg.asm_cvt and bf16, TILED=tiled
-        )
-    return constexprs
 
 
 def fewer_stages(cfg: KernelConfig) -> KernelConfig | None:
@@ -515,59 +513,6 @@ def _launch(kernel, grid, x2, w_int8, scale, bias, out, m, n, k, cfg, constexprs
 if HAS_TRITON:
 
     @triton.jit(do_not_specialize=["M"])
-    def _int8_mma_kernel(
-        x_ptr,
-        w_ptr,
-        s_ptr,
-        b_ptr,
-        o_ptr,
-        M,
-        N,
-        K,
-        stride_xm,
-        stride_wn,
-        stride_om,
-        HAS_BIAS: tl.constexpr,
-        EVEN_K: tl.constexpr,
-        BLOCK_M: tl.constexpr,
-        BLOCK_N: tl.constexpr,
-        BLOCK_K: tl.constexpr,
-    ):
-        # acc[BLOCK_N, BLOCK_M] = W[n-block, :] @ x[m-block, :].T; int8 -> x dtype in registers.
-        pid = tl.program_id(0)
-        num_pid_m = tl.cdiv(M, BLOCK_M)
-        pid_m = pid % num_pid_m  # m varies fastest: programs sharing a weight tile run together
-        pid_n = pid // num_pid_m
-        offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-        offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-        offs_k = tl.arange(0, BLOCK_K)
-        # Clamp instead of masking the loads: out-of-range rows re-read a valid row, never stored.
-        rows_n = tl.minimum(offs_n, N - 1).to(tl.int64)
-        rows_m = tl.minimum(offs_m, M - 1).to(tl.int64)
-        w_ptrs = w_ptr + rows_n[:, None] * stride_wn + offs_k[None, :]
-        x_ptrs = x_ptr + rows_m[:, None] * stride_xm + offs_k[None, :]
-        cdtype = x_ptr.dtype.element_ty
-        acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
-        for k0 in range(0, K, BLOCK_K):
-            if EVEN_K:
-                w = tl.load(w_ptrs)
-                xv = tl.load(x_ptrs)
-            else:
-                k_ok = offs_k < K - k0
-                w = tl.load(w_ptrs, mask=k_ok[None, :], other=0)
-                xv = tl.load(x_ptrs, mask=k_ok[None, :], other=0.0)
-            acc = tl.dot(w.to(cdtype), tl.trans(xv), acc)
-            w_ptrs += BLOCK_K
-            x_ptrs += BLOCK_K
-        s = tl.load(s_ptr + rows_n)
-        acc = acc * s[:, None]
-        if HAS_BIAS:
-            acc += tl.load(b_ptr + rows_n).to(tl.float32)[:, None]
-        o_ptrs = o_ptr + offs_m[None, :].to(tl.int64) * stride_om + offs_n[:, None]
-        o_mask = (offs_m[None, :] < M) & (offs_n[:, None] < N)
-        tl.store(o_ptrs, acc.to(o_ptr.dtype.element_ty), mask=o_mask)
-
-    @triton.jit(do_not_specialize=["M"])
     def _int8_mmab_kernel(
         x_ptr,
         w_ptr,
@@ -586,8 +531,6 @@ if HAS_TRITON:
         BLOCK_N: tl.constexpr,
         BLOCK_K: tl.constexpr,
         SPLIT_M: tl.constexpr,
-        MMA_V2: tl.constexpr,
-        ASM_CVT: tl.constexpr,
         TILED: tl.constexpr = False,
     ):
         # acc_j[BLOCK_M, BLOCK_N] = x[m-block j, :] @ W[n-block, :].T for j < SPLIT_M; the weight
@@ -633,23 +576,7 @@ if HAS_TRITON:
                 wq = tl.load(w_ptrs)
             else:
                 wq = tl.load(w_ptrs, mask=k_ok[:, None], other=0)
-            if ASM_CVT and EVEN_K:
-                acc0 = tl.dot(tl.load(x0), _cvt0(wq), acc0)
-                if SPLIT_M >= 2:
-                    acc1 = tl.dot(tl.load(x1), _cvt1(wq), acc1)
-                if SPLIT_M >= 3:
-                    acc2 = tl.dot(tl.load(x2), _cvt2(wq), acc2)
-                if SPLIT_M >= 4:
-                    acc3 = tl.dot(tl.load(x3), _cvt3(wq), acc3)
-            elif ASM_CVT:
-                acc0 = tl.dot(tl.load(x0, mask=k_ok[None, :], other=0.0), _cvt0(wq), acc0)
-                if SPLIT_M >= 2:
-                    acc1 = tl.dot(tl.load(x1, mask=k_ok[None, :], other=0.0), _cvt1(wq), acc1)
-                if SPLIT_M >= 3:
-                    acc2 = tl.dot(tl.load(x2, mask=k_ok[None, :], other=0.0), _cvt2(wq), acc2)
-                if SPLIT_M >= 4:
-                    acc3 = tl.dot(tl.load(x3, mask=k_ok[None, :], other=0.0), _cvt3(wq), acc3)
-            elif EVEN_K:
+            if EVEN_K:
                 wb = wq.to(cdtype)
                 acc0 = tl.dot(tl.load(x0), wb, acc0)
                 if SPLIT_M >= 2:
@@ -694,97 +621,3 @@ if HAS_TRITON:
             y3 = acc3 * s[None, :] + b[None, :]
             m_ok = offs_m[:, None] + 3 * BLOCK_M < M
             tl.store(o_ptrs + 3 * BLOCK_M * stride_om, y3.to(out_ty), mask=m_ok & n_ok)
-
-
-if HAS_TRITON:
-    # int8 x4 (one b32) -> bf16 x4 (two b32): u = q ^ 0x80 = q + 128; fp32 0x4B0000uu = 2**23 + u;
-    # minus (2**23 + 128) gives q exactly; |q| <= 127 is exact in bf16, so the high half is q.
-    # Four copies differing only in register names, so that CSE keeps one per row block.
-
-    @triton.jit
-    def _cvt0(w):
-        return tl.inline_asm_elementwise(
-            "{.reg .b32 ua, f0a, f1a, f2a, f3a;"
-            "xor.b32 ua, $2, 0x80808080;"
-            "prmt.b32 f0a, ua, 0x4B000000, 0x7650;"
-            "prmt.b32 f1a, ua, 0x4B000000, 0x7651;"
-            "prmt.b32 f2a, ua, 0x4B000000, 0x7652;"
-            "prmt.b32 f3a, ua, 0x4B000000, 0x7653;"
-            "sub.f32 f0a, f0a, 0f4B000080;"
-            "sub.f32 f1a, f1a, 0f4B000080;"
-            "sub.f32 f2a, f2a, 0f4B000080;"
-            "sub.f32 f3a, f3a, 0f4B000080;"
-            "prmt.b32 $0, f0a, f1a, 0x7632;"
-            "prmt.b32 $1, f2a, f3a, 0x7632;}",
-            "=r,=r,r",
-            [w],
-            dtype=tl.bfloat16,
-            is_pure=True,
-            pack=4,
-        )
-
-    @triton.jit
-    def _cvt1(w):
-        return tl.inline_asm_elementwise(
-            "{.reg .b32 ub, f0b, f1b, f2b, f3b;"
-            "xor.b32 ub, $2, 0x80808080;"
-            "prmt.b32 f0b, ub, 0x4B000000, 0x7650;"
-            "prmt.b32 f1b, ub, 0x4B000000, 0x7651;"
-            "prmt.b32 f2b, ub, 0x4B000000, 0x7652;"
-            "prmt.b32 f3b, ub, 0x4B000000, 0x7653;"
-            "sub.f32 f0b, f0b, 0f4B000080;"
-            "sub.f32 f1b, f1b, 0f4B000080;"
-            "sub.f32 f2b, f2b, 0f4B000080;"
-            "sub.f32 f3b, f3b, 0f4B000080;"
-            "prmt.b32 $0, f0b, f1b, 0x7632;"
-            "prmt.b32 $1, f2b, f3b, 0x7632;}",
-            "=r,=r,r",
-            [w],
-            dtype=tl.bfloat16,
-            is_pure=True,
-            pack=4,
-        )
-
-    @triton.jit
-    def _cvt2(w):
-        return tl.inline_asm_elementwise(
-            "{.reg .b32 uc, f0c, f1c, f2c, f3c;"
-            "xor.b32 uc, $2, 0x80808080;"
-            "prmt.b32 f0c, uc, 0x4B000000, 0x7650;"
-            "prmt.b32 f1c, uc, 0x4B000000, 0x7651;"
-            "prmt.b32 f2c, uc, 0x4B000000, 0x7652;"
-            "prmt.b32 f3c, uc, 0x4B000000, 0x7653;"
-            "sub.f32 f0c, f0c, 0f4B000080;"
-            "sub.f32 f1c, f1c, 0f4B000080;"
-            "sub.f32 f2c, f2c, 0f4B000080;"
-            "sub.f32 f3c, f3c, 0f4B000080;"
-            "prmt.b32 $0, f0c, f1c, 0x7632;"
-            "prmt.b32 $1, f2c, f3c, 0x7632;}",
-            "=r,=r,r",
-            [w],
-            dtype=tl.bfloat16,
-            is_pure=True,
-            pack=4,
-        )
-
-    @triton.jit
-    def _cvt3(w):
-        return tl.inline_asm_elementwise(
-            "{.reg .b32 ud, f0d, f1d, f2d, f3d;"
-            "xor.b32 ud, $2, 0x80808080;"
-            "prmt.b32 f0d, ud, 0x4B000000, 0x7650;"
-            "prmt.b32 f1d, ud, 0x4B000000, 0x7651;"
-            "prmt.b32 f2d, ud, 0x4B000000, 0x7652;"
-            "prmt.b32 f3d, ud, 0x4B000000, 0x7653;"
-            "sub.f32 f0d, f0d, 0f4B000080;"
-            "sub.f32 f1d, f1d, 0f4B000080;"
-            "sub.f32 f2d, f2d, 0f4B000080;"
-            "sub.f32 f3d, f3d, 0f4B000080;"
-            "prmt.b32 $0, f0d, f1d, 0x7632;"
-            "prmt.b32 $1, f2d, f3d, 0x7632;}",
-            "=r,=r,r",
-            [w],
-            dtype=tl.bfloat16,
-            is_pure=True,
-            pack=4,
-        )

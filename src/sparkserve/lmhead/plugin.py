@@ -8,6 +8,12 @@ memory free and gives it to the KV pool), and the head's matmul is routed throug
 `int8_linear`. A drafter that shares the head module (DFlash, MTP) uses the int8 path through
 the same module; a drafter with its own head is left alone.
 
+On a CUDA GPU the kernel configuration per row count, the weight layout, and int8 against bf16
+are measured on that GPU before the bf16 weight is freed (`calibrate`), and the result is cached
+on the model-cache volume (`calibration_cache`); where int8 would be slower than bf16, the bf16
+head stays. SPARK_LMHEAD_CALIBRATE: auto (the cache, else measure), force (measure), off (the
+built-in table).
+
 Never a reason for a server not to start: anything unexpected leaves vLLM as it was and logs
 why. SPARK_KEEP_BF16_LMHEAD=1 keeps the bf16 head. SPARKSERVE_LMHEAD_REPORT=PATH also writes
 what was done as JSON (one file per process that converted a head).
@@ -15,6 +21,7 @@ what was done as JSON (one file per process that converted a head).
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 import json
 import logging
@@ -27,12 +34,21 @@ from typing import Any
 
 import torch
 
-from sparkserve.lmhead import layout
-from sparkserve.lmhead.int8_kernel import int8_linear, preferred_layout, quantize_rows_int8
+from sparkserve.lmhead import calibration_cache, layout
+from sparkserve.lmhead.calibrate import Plan, built_in_plan, calibrate, describe
+from sparkserve.lmhead.int8_kernel import (
+    HAS_TRITON,
+    int8_linear,
+    preferred_layout,
+    quantize_rows_int8,
+)
 
 logger = logging.getLogger("vllm.sparkserve.lmhead")
 
 KEEP_ENV = "SPARK_KEEP_BF16_LMHEAD"
+CALIBRATE_ENV = "SPARK_LMHEAD_CALIBRATE"
+# rows the head serves when the runner does not say: the launchers' defaults, 3 x (12 + 1)
+DEFAULT_MAX_ROWS = 39
 REPORT_ENV = "SPARKSERVE_LMHEAD_REPORT"
 # Model runners whose load_model we wrap (module, class); absent ones are skipped.
 RUNNERS = (
@@ -55,6 +71,8 @@ class HeadReport:
     layout: str = ""
     drafter: str = "none"
     bf16_released: bool = False
+    calibration: str = ""  # what was measured or reused, and the choice, in words
+    plan: dict[str, Any] = field(default_factory=dict)
     pid: int = field(default_factory=os.getpid)
 
 
@@ -69,7 +87,12 @@ class Int8HeadMethod:
         self, layer: torch.nn.Module, x: torch.Tensor, bias: torch.Tensor | None = None
     ) -> torch.Tensor:
         return int8_linear(
-            x, layer.int8_weight, layer.int8_scale, bias, weight_layout=layer.int8_layout
+            x,
+            layer.int8_weight,
+            layer.int8_scale,
+            bias,
+            weight_layout=layer.int8_layout,
+            table=layer.int8_table,
         )
 
     def embedding(self, layer: torch.nn.Module, input_: torch.Tensor) -> torch.Tensor:
@@ -113,15 +136,45 @@ def convert_runner(runner: Any) -> HeadReport:
     """Convert the runner's target head, account for the memory, report what happened."""
     model = runner.get_model() if hasattr(runner, "get_model") else runner.model
     drafter = getattr(getattr(runner, "drafter", None), "model", None)
-    report = convert_model(model, drafter)
+    report = convert_model(model, drafter, max_rows=max_rows(runner))
     if report.path == "int8" and hasattr(runner, "model_memory_usage"):
         # The profiler sizes the KV pool from the memory the weights took at load time.
         runner.model_memory_usage -= report.freed_bytes - report.int8_bytes
     return report
 
 
-def convert_model(model: torch.nn.Module, drafter: torch.nn.Module | None = None) -> HeadReport:
-    """Quantise `model.lm_head` in place when it is safe; otherwise say why not."""
+def max_rows(runner: Any) -> int:
+    """Rows the head is called with at most in decoding: MAX_NUM_SEQS x (NUM_SPEC_TOKENS + 1),
+    from the runner's vLLM config (the launchers' defaults where it has none)."""
+    config = getattr(runner, "vllm_config", None)
+    seqs = getattr(getattr(config, "scheduler_config", None), "max_num_seqs", None)
+    spec = getattr(getattr(config, "speculative_config", None), "num_speculative_tokens", 0)
+    if not isinstance(seqs, int) or seqs < 1:
+        return DEFAULT_MAX_ROWS
+    return seqs * ((spec if isinstance(spec, int) and spec > 0 else 0) + 1)
+
+
+def calibration_mode() -> tuple[str, str]:
+    """(mode, note): SPARK_LMHEAD_CALIBRATE checked against the knob registry; a bad value
+    means "auto", and the note says so."""
+    from sparkserve.knobs import BY_NAME, KnobError
+
+    knob = BY_NAME[CALIBRATE_ENV]
+    raw = os.environ.get(CALIBRATE_ENV, "").strip() or knob.default
+    try:
+        return knob.check(raw), ""
+    except KnobError as error:
+        return knob.default, f"{error}; using {knob.default}"
+
+
+def convert_model(
+    model: torch.nn.Module,
+    drafter: torch.nn.Module | None = None,
+    *,
+    max_rows: int = DEFAULT_MAX_ROWS,
+) -> HeadReport:
+    """Quantise `model.lm_head` in place when it is safe and, on this GPU, faster than bf16;
+    otherwise say why not. `max_rows`: the most rows one call of the head gets."""
     if os.environ.get(KEEP_ENV, "0") == "1":
         return HeadReport(path="bf16", reason=f"{KEEP_ENV}=1")
     head = getattr(model, "lm_head", None)
@@ -146,14 +199,23 @@ def convert_model(model: torch.nn.Module, drafter: torch.nn.Module | None = None
         return HeadReport(path="bf16", reason=f"head_dtype {head_dtype} differs from the weight")
 
     report = HeadReport(path="int8", shape=list(weight.shape), dtype=str(weight.dtype))
+    plan, packed, scale = _plan_and_weight(head, weight, max_rows)
+    report.calibration = plan.summary()
+    report.plan = {"path": plan.path, "layout": plan.layout, "source": plan.source,
+                   "table": [[b, describe(c)] for b, c in plan.table]}  # fmt: skip
+    if plan.path != "int8" or packed is None:
+        del packed, scale
+        if weight.is_cuda:
+            torch.cuda.empty_cache()  # the int8 copies made for the measurement
+        report.path = "bf16"
+        report.reason = plan.summary()
+        return report
+    report.layout = plan.layout
     report.freed_bytes = weight.numel() * weight.element_size()
-    q, scale = quantize_rows_int8(weight.detach())
-    report.layout = preferred_layout(q.device)
-    packed = layout.pack(q, report.layout)
-    del q  # the wgmma layout is a reordered copy
     report.int8_bytes = packed.numel() * packed.element_size() + scale.numel() * 4
     head.register_buffer("int8_weight", packed, persistent=False)
     head.int8_layout = report.layout
+    head.int8_table = plan.table
     head.register_buffer("int8_scale", scale, persistent=False)
     head.quant_method = Int8HeadMethod(head.quant_method)
     report.drafter = _drafter_sharing(head, drafter)
@@ -174,6 +236,65 @@ def convert_model(model: torch.nn.Module, drafter: torch.nn.Module | None = None
     else:
         report.kernel = "torch"
     return report
+
+
+def _plan_and_weight(
+    head: torch.nn.Module, weight: torch.Tensor, rows: int
+) -> tuple[Plan, torch.Tensor | None, torch.Tensor]:
+    """The plan (from the cache, measured, or the built-in table) and, for an int8 plan, the
+    int8 weight in its layout with its scales. Calibration needs the bf16 weight, so it runs
+    here, before the caller frees it; a failure keeps the bf16 head."""
+    preferred = preferred_layout(weight.device)
+    mode, note = calibration_mode()
+    on_gpu = _calibratable(weight)
+    if not on_gpu or mode == "off":
+        why = "no GPU kernels to calibrate" if not on_gpu else f"{CALIBRATE_ENV}=off"
+        plan = built_in_plan(preferred, "; ".join(filter(None, [why, note])))
+        return plan, *_quantised(weight, plan.layout)
+    path = calibration_cache.cache_path()
+    try:
+        key = calibration_cache.key(weight, rows)
+        forced = (None, f"{CALIBRATE_ENV}=force")
+        cached, why = calibration_cache.load(path, key) if mode == "auto" else forced
+    except Exception as error:  # no cache key: measure anyway, write nothing
+        key, cached, why = None, None, f"no cache key ({type(error).__name__})"
+    if cached is not None:
+        if note:
+            cached = dataclasses.replace(cached, note="; ".join(filter(None, [cached.note, note])))
+        if cached.path != "int8":
+            return cached, None, torch.empty(0)
+        return cached, *_quantised(weight, cached.layout)
+    q, scale = quantize_rows_int8(weight.detach())
+    weights = {preferred: layout.pack(q, preferred)}
+    if preferred != layout.ROWS:
+        weights[layout.ROWS] = q
+    method = head.quant_method
+    try:
+        plan = calibrate(weights, scale, lambda x: method.apply(head, x), max_rows=rows,
+                         dtype=weight.dtype)  # fmt: skip
+    except Exception as error:  # a failing kernel or GPU: bf16 is the safe choice
+        first = str(error).splitlines()[0] if str(error) else ""
+        failed = Plan("bf16", preferred, (), source="measured",
+                      note=f"calibration failed ({type(error).__name__}: {first})")  # fmt: skip
+        return failed, None, scale
+    written = calibration_cache.store(path, key, plan) if key is not None else ""
+    notes = [plan.note, "" if why == "no cache file" else why, written, note]
+    plan = dataclasses.replace(plan, note="; ".join(filter(None, notes)))
+    if plan.path != "int8":
+        return plan, None, scale
+    return plan, weights[plan.layout], scale
+
+
+def _calibratable(weight: torch.Tensor) -> bool:
+    """Only GPU kernels have configurations to choose (the CPU's torch path has none)."""
+    return weight.is_cuda and HAS_TRITON
+
+
+def _quantised(weight: torch.Tensor, weight_layout: str) -> tuple[torch.Tensor, torch.Tensor]:
+    q, scale = quantize_rows_int8(weight.detach())
+    packed = layout.pack(q, weight_layout)
+    del q  # the wgmma layout is a reordered copy
+    return packed, scale
 
 
 def _is_tied(model: torch.nn.Module, weight: torch.Tensor) -> bool:
@@ -204,10 +325,10 @@ def _log(report: HeadReport) -> None:
         shape = "x".join(map(str, report.shape))
         logger.info(
             "sparkserve int8 lm-head: active (%s, %s kernel, %s layout); freed %.3f GiB of %s "
-            "weight for %.3f GiB int8 + scales (net %.3f GiB back); drafter: %s",
+            "weight for %.3f GiB int8 + scales (net %.3f GiB back); drafter: %s; %s",
             shape, report.kernel, report.layout, report.freed_bytes / 2**30, report.dtype,
             report.int8_bytes / 2**30, (report.freed_bytes - report.int8_bytes) / 2**30,
-            report.drafter,
+            report.drafter, report.calibration,
         )  # fmt: skip
     elif report.path == "bf16":
         logger.info("sparkserve int8 lm-head: kept the bf16 head: %s", report.reason)
