@@ -62,6 +62,8 @@ COPY patch_prefix_align.py ./
 RUN python patch_prefix_align.py && python patch_prefix_align.py --check
 
 COPY serve.sh mtp_serve.sh serve_common.sh ./
+# The tested models the RECIPE knob picks from (sparkserve.recipes looks here in the image).
+COPY recipes ./recipes
 
 EXPOSE 8000
 # vLLM answers /health once the model is loaded; the first start downloads and loads ~70 GB.

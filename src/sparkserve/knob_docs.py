@@ -73,15 +73,22 @@ TARGETS: dict[str, Callable[[str], list[str]]] = {
 }
 
 
-def regenerate(text: str, render: Callable[[str], list[str]], name: str) -> str:
+def regenerate(
+    text: str,
+    render: Callable[[str], list[str]],
+    name: str,
+    begin: str = BEGIN,
+    end: str = END,
+) -> str:
+    """`text` with the one region between the `begin` and `end` marker lines re-rendered."""
     pattern = re.compile(
-        rf"^(?P<indent>[ \t]*)(?P<lead>#|<!--) {re.escape(BEGIN)}.*?\n(?P<body>.*?)"
-        rf"^(?P=indent)(?:#|<!--) {re.escape(END)}.*?$",
+        rf"^(?P<indent>[ \t]*)(?P<lead>#|<!--) {re.escape(begin)}.*?\n(?P<body>.*?)"
+        rf"^(?P=indent)(?:#|<!--) {re.escape(end)}.*?$",
         re.MULTILINE | re.DOTALL,
     )
     matches = list(pattern.finditer(text))
     if len(matches) != 1:
-        raise ValueError(f"{name}: expected one generated knobs region, found {len(matches)}")
+        raise ValueError(f"{name}: expected one generated region {begin!r}, found {len(matches)}")
     match = matches[0]
     body = "\n".join(render(match.group("indent"))) + "\n"
     return text[: match.start("body")] + body + text[match.end("body") :]

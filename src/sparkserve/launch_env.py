@@ -12,6 +12,7 @@ import shlex
 import sys
 from collections.abc import Mapping
 
+from sparkserve import recipes
 from sparkserve.knobs import KnobError, Launcher, knobs_for, resolve
 from sparkserve.memory.host import GIB, read_meminfo
 from sparkserve.patching.engine import PatchError
@@ -47,7 +48,7 @@ def shell_quote(value: str) -> str:
 
 
 def exports(env: Mapping[str, str], launcher: Launcher, total_bytes: int) -> list[str]:
-    values = resolve(env, launcher)
+    values = resolve(recipes.apply(env, launcher, total_bytes), launcher)
     check_memory_budget(values, total_bytes)
     try:
         vllm_version = locate(None).version
