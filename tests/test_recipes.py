@@ -228,3 +228,12 @@ def test_recipe_without_its_geometry_is_refused(
     directory = broken_recipes(tmp_path, "no-geometry", text, geometry=False)
     line = refused("mtp", {"RECIPE": "no-geometry"}, sentinel_bin, directory)
     assert "no-geometry/config.json (the model's geometry" in line
+
+
+def test_the_image_carries_the_recipes_where_the_package_looks() -> None:
+    from sparkserve.recipes import IMAGE_DIR
+
+    dockerfile = (REPO / "Dockerfile").read_text()
+    assert "WORKDIR /opt/sparkserve" in dockerfile
+    assert "COPY recipes ./recipes" in dockerfile
+    assert IMAGE_DIR.as_posix() == "/opt/sparkserve/recipes"

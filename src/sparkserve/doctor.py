@@ -22,7 +22,9 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Literal
 
+from sparkserve import recipes
 from sparkserve.knobs import KnobError, resolve
+from sparkserve.launch_env import mem_total_bytes
 from sparkserve.memory import one_line_errors
 from sparkserve.memory.checkpoint import cache_dir_name, find_snapshot, hf_home
 from sparkserve.memory.host import GIB, read_meminfo
@@ -246,7 +248,9 @@ def diagnose(env: Mapping[str, str], method: str, need_gb: float) -> list[Check]
     docker_rows, docker_root = check_docker(spark)
     rows += docker_rows
     try:
-        values = resolve(env, method)  # type: ignore[arg-type]
+        # the chosen RECIPE's values first, as the launchers resolve them
+        chosen = recipes.apply(env, method, mem_total_bytes())  # type: ignore[arg-type]
+        values = resolve(chosen, method)  # type: ignore[arg-type]
     except KnobError as error:
         rows.append(Check("knobs", "blocker", str(error)))
         values = resolve({}, method)  # type: ignore[arg-type]

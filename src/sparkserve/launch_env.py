@@ -1,6 +1,7 @@
 """What a launcher learns before it builds vLLM's command line.
 
-`sparkserve knobs resolve --launcher L` validates every knob, checks the memory budget against
+`sparkserve knobs resolve --launcher L` takes the chosen RECIPE's values for the knobs the user
+did not set (sparkserve.recipes), validates every knob, checks the memory budget against
 this machine, finds the installed vLLM's release and the workarounds it needs, and prints
 `export NAME='value'` lines for the launcher to eval. On any problem it prints one line
 naming the knob, the value and what is allowed, and exits 2 (the launcher then stops).

@@ -5,7 +5,9 @@ A recipe is `recipes/NAME.toml` plus the model's config.json (geometry only, no 
 checks (vLLM's parser and engine config, `sparkserve plan`) run on those files offline. The
 RECIPE knob picks one; its values replace the registry's defaults, and a knob set to anything
 but its registry default still wins (compose passes every knob filled with that default, so a
-default value cannot be told from an unset one).
+default value cannot be told from an unset one). A recipe the user picked is refused before
+start when its weights leave no KV memory in GPU_MEM of this machine (unless MODEL is
+overridden, or for a dry run).
 
 Rules a recipe file must follow (any break is one line naming the file and the problem):
 - `title`, `launchers` (the launchers it serves with, the recommended first), `weights_gib`
