@@ -237,3 +237,14 @@ def test_the_image_carries_the_recipes_where_the_package_looks() -> None:
     assert "WORKDIR /opt/sparkserve" in dockerfile
     assert "COPY recipes ./recipes" in dockerfile
     assert IMAGE_DIR.as_posix() == "/opt/sparkserve/recipes"
+
+
+def test_without_recipe_files_the_default_is_the_registry_and_a_pick_is_refused(
+    sentinel_bin: tuple[Path, Path], tmp_path: Path
+) -> None:
+    empty = tmp_path / "none"
+    empty.mkdir()
+    argv = dry_run_argv("dflash", launcher_env(SPARKSERVE_RECIPES=str(empty)))
+    assert argv[argv.index("--model") + 1] == BY_NAME["MODEL"].default
+    line = refused("mtp", {"RECIPE": BASE}, sentinel_bin, empty)
+    assert f"RECIPE='{BASE}': no such recipe; {empty} holds none" in line
