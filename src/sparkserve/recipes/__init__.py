@@ -28,6 +28,7 @@ from typing import Any
 
 from sparkserve.knobs import BY_NAME, LAUNCHERS, KnobError, Launcher
 from sparkserve.memory.host import GIB
+from sparkserve.plan import DEFAULT_OVERHEAD_GIB
 
 CHECKOUT_DIR = Path(__file__).resolve().parents[3] / "recipes"
 IMAGE_DIR = Path("/opt/sparkserve/recipes")  # the Dockerfile copies recipes/ here
@@ -42,8 +43,8 @@ RECIPE_KNOBS: frozenset[str] = frozenset(
     and not name.startswith("GUARD")
 )
 REQUIRED = ("title", "launchers", "weights_gib", "sources", "knobs")
-# Memory vLLM charges besides weights and KV; the same assumption as `sparkserve plan`.
-OVERHEAD_GIB = 3.0
+# Memory vLLM charges besides weights and KV: `sparkserve plan`'s assumption.
+OVERHEAD_GIB = DEFAULT_OVERHEAD_GIB
 
 
 class RecipeError(KnobError):
@@ -59,6 +60,7 @@ class Recipe:
     weights_gib: float
     drafter_weights_gib: float
     sources: tuple[str, ...]
+    notes: str
     shared: dict[str, str]
     per_launcher: dict[str, dict[str, str]]
 
@@ -158,6 +160,7 @@ def parse(path: Path) -> Recipe:
         weights_gib=_number(data, "weights_gib", where),
         drafter_weights_gib=_number(data, "drafter_weights_gib", where),
         sources=tuple(sources),
+        notes=str(data.get("notes", "")),
         shared=_knob_values(knobs, f"{where} [knobs]", None),
         per_launcher=per_launcher,
     )

@@ -67,6 +67,8 @@ def _show(name: str, launcher: Launcher | None) -> int:
     print(f"# {recipe.title} ({recipe.path}); launcher {recipes.LAUNCHER_SCRIPTS[chosen]}")
     for source in recipe.sources:
         print(f"# source: {source}")
+    if recipe.notes:
+        print(f"# note: {recipe.notes}")
     print("\n".join(lines))
     return EXIT_OK
 
