@@ -68,6 +68,8 @@ COPY docker/vllm-cpu-cli /opt/venv/bin/vllm
 COPY pyproject.toml README.md patch_prefix_align.py serve.sh mtp_serve.sh serve_common.sh \
      docker/finish-image.sh ./
 COPY src ./src
+# The tested models the RECIPE knob picks from (sparkserve.recipes looks here in the image).
+COPY recipes ./recipes
 RUN ./finish-image.sh
 
 EXPOSE 8000
@@ -123,6 +125,8 @@ RUN pip install --require-hashes --no-deps -r spark-aarch64.lock \
 COPY pyproject.toml README.md patch_prefix_align.py serve.sh mtp_serve.sh serve_common.sh \
      docker/finish-image.sh ./
 COPY src ./src
+# The tested models the RECIPE knob picks from (sparkserve.recipes looks here in the image).
+COPY recipes ./recipes
 RUN ./finish-image.sh \
     # The int8 lm-head kernels compile for the Spark (sm_121) with the Triton just installed
     # and fit a GB10 block's shared memory: a Triton whose API moved stops the build.

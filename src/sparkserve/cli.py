@@ -29,6 +29,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "sparkserve.guard",
     "sparkserve.doctor",
     "sparkserve.fetch",
+    "sparkserve.recipes.cli",
 )
 
 

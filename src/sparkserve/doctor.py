@@ -22,6 +22,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Literal
 
+from sparkserve import recipes
 from sparkserve.command_line import EXIT_FAILED, EXIT_OK, one_line_errors, ranged
 from sparkserve.guard import marker_path
 from sparkserve.knobs import KnobError, resolve
@@ -254,7 +255,9 @@ def diagnose(env: Mapping[str, str], method: str, need_gb: float) -> list[Check]
     docker_rows, docker_root = check_docker(spark)
     rows += docker_rows
     try:
-        values = resolve(env, method)  # type: ignore[arg-type]
+        # the chosen RECIPE's values first, as the launchers resolve them
+        chosen = recipes.apply(env, method, read_meminfo().total)  # type: ignore[arg-type]
+        values = resolve(chosen, method)  # type: ignore[arg-type]
     except KnobError as error:
         rows.append(Check("knobs", "blocker", str(error)))
         values = resolve({}, method)  # type: ignore[arg-type]

@@ -1,6 +1,7 @@
 """What a launcher learns before it builds vLLM's command line, as shell exports.
 
-`sparkserve knobs resolve --launcher L` validates every knob, checks the memory budget against
+`sparkserve knobs resolve --launcher L` takes the chosen RECIPE's values for the knobs the user
+did not set (sparkserve.recipes), validates every knob, checks the memory budget against
 this machine, finds the installed vLLM's release and the workarounds it needs, and prints
 `export NAME='value'` lines for the launcher to eval. On any problem it prints one line
 naming the knob, the value and what is allowed, and exits 2 (the launcher then stops).
@@ -16,6 +17,7 @@ from __future__ import annotations
 import shlex
 from collections.abc import Mapping
 
+from sparkserve import recipes
 from sparkserve.command_line import EXIT_BAD_INPUT, EXIT_OK, fail
 from sparkserve.guard import marker_path
 from sparkserve.knobs import KnobError, Launcher, knobs_for, resolve
@@ -35,7 +37,7 @@ def bash_array(name: str, words: list[str] | tuple[str, ...]) -> str:
 
 
 def exports(env: Mapping[str, str], launcher: Launcher, total_bytes: int) -> list[str]:
-    values = resolve(env, launcher)
+    values = resolve(recipes.apply(env, launcher, total_bytes), launcher)
     problem = budget_problem(values["GPU_MEM"], values["OS_RESERVE_GB"], total_bytes)
     if problem is not None:
         raise KnobError(problem)

@@ -1,0 +1,247 @@
+"""Recipes: a tested set of knob values for one model, kept as data under recipes/.
+
+A recipe is `recipes/NAME.toml` plus the model's config.json (geometry only, no weights) in
+`recipes/NAME/config.json` and, for a DFlash drafter, `recipes/NAME/drafter/config.json`; the
+checks (vLLM's parser and engine config, `sparkserve plan`) run on those files offline. The
+RECIPE knob picks one; its values replace the registry's defaults, and a knob set to anything
+but its registry default still wins (compose passes every knob filled with that default, so a
+default value cannot be told from an unset one). A recipe the user picked is refused before
+start when its weights leave no KV memory in GPU_MEM of this machine (unless MODEL is
+overridden, or for a dry run).
+
+Rules a recipe file must follow (any break is one line naming the file and the problem):
+- `title`, `launchers` (the launchers it serves with, the recommended first), `weights_gib`
+  (the target checkpoint's size, the figure the pre-start fit check uses), `sources` (public
+  pages for every id and figure); `drafter_weights_gib` when it serves with DFlash;
+- `[knobs]`: registry knobs of the model and memory groups, and `[knobs.LAUNCHER]` tables for
+  values that differ by launcher; every value passes the registry's own check.
+"""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from sparkserve.knobs import BY_NAME, LAUNCHERS, KnobError, Launcher
+from sparkserve.memory.host import GIB
+from sparkserve.plan import DEFAULT_OVERHEAD_GIB
+
+CHECKOUT_DIR = Path(__file__).resolve().parents[3] / "recipes"
+IMAGE_DIR = Path("/opt/sparkserve/recipes")  # the Dockerfile copies recipes/ here
+LAUNCHER_SCRIPTS: dict[str, str] = {"dflash": "serve.sh", "mtp": "mtp_serve.sh"}
+# Knobs a recipe may set: what the model needs. Access, network, guard and launcher behaviour
+# stay the user's.
+RECIPE_KNOBS: frozenset[str] = frozenset(
+    name
+    for name, knob in BY_NAME.items()
+    if knob.group in ("model", "memory")
+    and name not in ("RECIPE", "OS_RESERVE_GB")
+    and not name.startswith("GUARD")
+)
+REQUIRED = ("title", "launchers", "weights_gib", "sources", "knobs")
+# Memory vLLM charges besides weights and KV: `sparkserve plan`'s assumption.
+OVERHEAD_GIB = DEFAULT_OVERHEAD_GIB
+
+
+class RecipeError(KnobError):
+    """A recipe cannot be used; the message is one line naming it and the problem."""
+
+
+@dataclass(frozen=True)
+class Recipe:
+    name: str
+    path: Path
+    title: str
+    launchers: tuple[Launcher, ...]
+    weights_gib: float
+    drafter_weights_gib: float
+    sources: tuple[str, ...]
+    notes: str
+    shared: dict[str, str]
+    per_launcher: dict[str, dict[str, str]]
+
+    @property
+    def geometry(self) -> Path:
+        return self.path.parent / self.name
+
+    @property
+    def drafter_geometry(self) -> Path:
+        return self.geometry / "drafter"
+
+    def knobs_for(self, launcher: Launcher) -> dict[str, str]:
+        """The recipe's knob values for one launcher (shared values, then its own)."""
+        values = dict(self.shared)
+        values.update(self.per_launcher.get(launcher, {}))
+        return {k: v for k, v in values.items() if launcher in BY_NAME[k].launchers}
+
+
+def recipes_dir(env: Mapping[str, str] | None = None) -> Path:
+    """$SPARKSERVE_RECIPES, else this checkout's recipes/, else the image's."""
+    env = os.environ if env is None else env
+    if env.get("SPARKSERVE_RECIPES"):
+        return Path(env["SPARKSERVE_RECIPES"])
+    return CHECKOUT_DIR if CHECKOUT_DIR.is_dir() else IMAGE_DIR
+
+
+def names(directory: Path) -> list[str]:
+    return sorted(path.stem for path in directory.glob("*.toml"))
+
+
+def _number(data: dict[str, Any], key: str, where: str) -> float:
+    value = data.get(key, 0)
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value <= 4096:
+        raise RecipeError(f"{where}: {key} = {value!r}: must be a number of GiB from 0 to 4096")
+    return float(value)
+
+
+def _knob_values(table: dict[str, Any], where: str, launcher: str | None) -> dict[str, str]:
+    values: dict[str, str] = {}
+    for name, raw in table.items():
+        if name not in RECIPE_KNOBS:
+            allowed = ", ".join(sorted(RECIPE_KNOBS))
+            raise RecipeError(f"{where}: knob {name!r} cannot be set by a recipe; one of {allowed}")
+        knob = BY_NAME[name]
+        if launcher is not None and launcher not in knob.launchers:
+            raise RecipeError(f"{where}: {name} is not read by the {launcher} launcher")
+        if isinstance(raw, bool) or not isinstance(raw, str | int | float):
+            raise RecipeError(f"{where}: {name} = {raw!r}: must be a string or a number")
+        try:
+            values[name] = knob.check(str(raw))
+        except KnobError as error:
+            raise RecipeError(f"{where}: {error}") from None
+    return values
+
+
+def parse(path: Path) -> Recipe:
+    """Read and check one recipe file; RecipeError (one line) on any problem."""
+    where = str(path)
+    try:
+        data = tomllib.loads(path.read_text())
+    except tomllib.TOMLDecodeError as error:
+        raise RecipeError(f"{where}: not valid TOML ({error})") from None
+    except OSError as error:
+        raise RecipeError(f"{where}: cannot read ({error.strerror})") from None
+    missing = [key for key in REQUIRED if key not in data]
+    if missing:
+        raise RecipeError(f"{where}: missing {', '.join(missing)} (needs {', '.join(REQUIRED)})")
+    unknown = set(data) - {*REQUIRED, "drafter_weights_gib", "notes"}
+    if unknown:
+        raise RecipeError(f"{where}: unknown field(s) {', '.join(sorted(unknown))}")
+    launchers = data["launchers"]
+    if (
+        not isinstance(launchers, list)
+        or not launchers
+        or any(item not in LAUNCHERS for item in launchers)
+        or len(set(launchers)) != len(launchers)
+    ):
+        raise RecipeError(
+            f"{where}: launchers = {launchers!r}: must list some of {', '.join(LAUNCHERS)}"
+        )
+    sources = data["sources"]
+    if not isinstance(sources, list) or not sources or not all(isinstance(s, str) for s in sources):
+        raise RecipeError(f"{where}: sources must be a non-empty list of strings (public pages)")
+    knobs = data["knobs"]
+    if not isinstance(knobs, dict):
+        raise RecipeError(f"{where}: [knobs] must be a table")
+    per_launcher = {
+        launcher: _knob_values(knobs.pop(launcher), f"{where} [knobs.{launcher}]", launcher)
+        for launcher in LAUNCHERS
+        if isinstance(knobs.get(launcher), dict)
+    }
+    recipe = Recipe(
+        name=path.stem,
+        path=path,
+        title=str(data["title"]),
+        launchers=tuple(launchers),
+        weights_gib=_number(data, "weights_gib", where),
+        drafter_weights_gib=_number(data, "drafter_weights_gib", where),
+        sources=tuple(sources),
+        notes=str(data.get("notes", "")),
+        shared=_knob_values(knobs, f"{where} [knobs]", None),
+        per_launcher=per_launcher,
+    )
+    if "MODEL" not in recipe.shared:
+        raise RecipeError(f"{where}: [knobs] must set MODEL")
+    needed = [recipe.geometry / "config.json"]
+    if "dflash" in recipe.launchers:
+        needed.append(recipe.drafter_geometry / "config.json")
+        if "DRAFT_MODEL" not in recipe.knobs_for("dflash"):
+            raise RecipeError(f"{where}: serves with dflash but sets no DRAFT_MODEL")
+    for config in needed:
+        if not config.is_file():
+            raise RecipeError(f"{where}: no {config} (the model's geometry, for offline checks)")
+    return recipe
+
+
+def load(name: str, env: Mapping[str, str] | None = None) -> Recipe:
+    directory = recipes_dir(env)
+    path = directory / f"{name}.toml"
+    if not path.is_file():
+        known = names(directory)
+        if not known:
+            raise RecipeError(f"RECIPE={name!r}: no such recipe; {directory} holds none")
+        raise RecipeError(f"RECIPE={name!r}: no such recipe; one of {', '.join(known)}")
+    return parse(path)
+
+
+def load_all(env: Mapping[str, str] | None = None) -> list[Recipe]:
+    directory = recipes_dir(env)
+    return [parse(directory / f"{name}.toml") for name in names(directory)]
+
+
+def overridden(env: Mapping[str, str], name: str, launcher: Launcher) -> bool:
+    """True when the user set `name` to something other than its registry default."""
+    knob = BY_NAME[name]
+    given = env.get(name)
+    if given is None or (given.strip() == "" and not knob.empty_ok):
+        return False
+    return given.strip() != knob.default_for(launcher)
+
+
+def check_fits(recipe: Recipe, gpu_mem: float, launcher: Launcher, total_bytes: int) -> None:
+    """Refuse a recipe whose weights leave no KV memory in GPU_MEM of this machine."""
+    weights = recipe.weights_gib + (recipe.drafter_weights_gib if launcher == "dflash" else 0)
+    share = gpu_mem * total_bytes / GIB
+    if weights + OVERHEAD_GIB >= share:
+        raise RecipeError(
+            f"RECIPE={recipe.name}: its weights ({weights:.1f} GiB) and {OVERHEAD_GIB:.1f} GiB "
+            f"of overhead do not fit in GPU_MEM={gpu_mem:g} of this machine's "
+            f"{total_bytes / GIB:.1f} GiB ({share:.1f} GiB); no room for a KV cache"
+        )
+
+
+def apply(env: Mapping[str, str], launcher: Launcher, total_bytes: int) -> dict[str, str]:
+    """`env` with the chosen recipe's values for every knob the user did not override."""
+    knob = BY_NAME["RECIPE"]
+    raw = env.get("RECIPE", "")
+    name = knob.check(raw if raw.strip() else knob.default)
+    if not overridden(env, "RECIPE", launcher):
+        # The default recipe's values are the registry's defaults (tests/test_recipes.py holds
+        # them equal): nothing to apply, and the image's own defaults (the cpu image's) stand.
+        return dict(env)
+    recipe = load(name, env)
+    if launcher not in recipe.launchers:
+        scripts = " or ".join(LAUNCHER_SCRIPTS[item] for item in recipe.launchers)
+        raise RecipeError(
+            f"RECIPE={name}: serves with {scripts}, not {LAUNCHER_SCRIPTS[launcher]} "
+            f"({launcher}); start {scripts} (compose: the profile of that launcher)"
+        )
+    out = dict(env)
+    for key, value in recipe.knobs_for(launcher).items():
+        if not overridden(env, key, launcher):
+            out[key] = value
+    # Checked for a recipe the user picked (the default starts as it always did), with its own
+    # model (the weights figure is that model's), when it really starts (a dry run shows the
+    # command on any machine).
+    if (
+        overridden(env, "RECIPE", launcher)
+        and not overridden(env, "MODEL", launcher)
+        and env.get("DRY_RUN", "").strip() != "1"
+    ):
+        gpu_mem = BY_NAME["GPU_MEM"].check(out.get("GPU_MEM") or BY_NAME["GPU_MEM"].default)
+        check_fits(recipe, float(gpu_mem), launcher, total_bytes)
+    return out
