@@ -1,4 +1,4 @@
-"""Read a compose `.env` file the way Docker Compose does, for tools run on the host.
+"""Read KEY=value files the way Docker Compose reads `.env` (versions.env is one too).
 
 `scripts/stress_mem.sh` and `scripts/bench.sh` run beside the container, not in it; reading the
 same `.env` as compose gives them the server's PORT, API_KEY, OS_RESERVE_GB and the rest

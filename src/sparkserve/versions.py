@@ -5,21 +5,12 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-_LINE = re.compile(r"^([A-Z][A-Z0-9_]*)=(\S*)\s*$")
+from sparkserve.dotenv import parse
 
 
 def read_versions(path: Path) -> dict[str, str]:
     """Parse a KEY=VALUE file (comments and blank lines allowed), as sh would source it."""
-    pins: dict[str, str] = {}
-    for number, line in enumerate(path.read_text().splitlines(), start=1):
-        stripped = line.strip()
-        if not stripped or stripped.startswith("#"):
-            continue
-        match = _LINE.match(stripped)
-        if match is None:
-            raise ValueError(f"{path}:{number}: expected KEY=VALUE, got {line!r}")
-        pins[match.group(1)] = match.group(2)
-    return pins
+    return parse(path.read_text(), str(path))
 
 
 def parse_release(text: str) -> tuple[int, ...]:
