@@ -116,6 +116,7 @@ check_guard_record() {
 guard_command() {
   GUARD_ARGS=(python3 -m sparkserve.guard --pid "$$" --floor-gb "${GUARD_FLOOR_GB}"
     --os-reserve-gb "${OS_RESERVE_GB}" --swap-mb-s "${GUARD_SWAP_MB_S}"
+    --psi-full-pct "${GUARD_PSI_PCT}" --textfile-dir "${HF_HOME}/sparkserve/metrics"
     --marker "${HF_HOME}/sparkserve/guard-stopped.json")
 }
 
