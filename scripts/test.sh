@@ -10,6 +10,8 @@ source "${REPO}/scripts/lib/venv.sh"
 source "${REPO}/scripts/lib/installers.sh"
 # shellcheck source=scripts/lib/cpu_serve_venv.sh
 source "${REPO}/scripts/lib/cpu_serve_venv.sh"
+# shellcheck source=scripts/lib/system_packages.sh
+source "${REPO}/scripts/lib/system_packages.sh"
 set -a
 # shellcheck source=versions.env
 source "${REPO}/versions.env"
@@ -32,6 +34,8 @@ export SPARKSERVE_CPU_PYTHON="${cpu}/bin/python"
 SPARKSERVE_VLLM_BUGGY_SRC="$(ensure_vllm_source "${VLLM_BUGGY_VERSION}")"
 export SPARKSERVE_VLLM_BUGGY_SRC
 export VLLM_TARGET_DEVICE=cpu
+# Debian's Prometheus, promtool and node-exporter for the metrics tests (apt, when missing).
+ensure_metrics_packages
 export PATH="${core}/bin:${PATH}"
 
 log "lint"

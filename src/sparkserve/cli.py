@@ -28,6 +28,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "sparkserve.plan",
     "sparkserve.guard",
     "sparkserve.doctor",
+    "sparkserve.dashboard",
 )
 
 
