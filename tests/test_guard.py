@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
+from test_stress_mem import _start_stress_until_first_level
 
 from sparkserve.guard import Limits, SwapRate, check, check_reason, next_wait
 from sparkserve.guard_textfile import GuardState, render
@@ -313,10 +314,18 @@ def test_guard_stops_a_real_server_under_memory_pressure(
         "EXTRA_ARGS": f"--kv-cache-memory-bytes {KV_BYTES}",
     }
     server = launcher_server(tmp_path, "mtp", tiny_models, sparkserve_site, knobs).start()
-    hog = None
+    hog = stress = None
+    record = Path(tmp_path / "hf" / "sparkserve" / "guard-stopped.json")
     try:
         server.wait_healthy(timeout_s=300)
         assert server.proc is not None
+        # A stress run is under way when the guard acts: its verdict must say so.
+        stress, _ = _start_stress_until_first_level(
+            [sys.executable, "-m", "sparkserve", "stress", "--url", server.base_url,
+             "--out", str(tmp_path / "stress"), "--bank", "1,2,3,4", "--prompt-tokens", "512",
+             "--gen-tokens", "3500", "--os-reserve-gb", "0.5", "--settle-s", "0.5",
+             "--guard-record", str(record)]
+        )  # fmt: skip
         guard_pids = [
             p.name for p in Path("/proc").iterdir()
             if p.name.isdigit()
@@ -336,10 +345,14 @@ def test_guard_stops_a_real_server_under_memory_pressure(
         report = hog.stdout.readline()
         server.proc.wait(timeout=60)
         exited = time.time()
+        verdict, stress_err = stress.communicate(timeout=120)
     finally:
         if hog is not None:
             hog.kill()
             hog.wait()
+        if stress is not None:
+            stress.kill()
+            stress.wait()
         server.stop(timeout_s=30)
     log = server.log_path.read_text(errors="replace")
     assert "crossed=True" in report, report
@@ -352,9 +365,18 @@ def test_guard_stops_a_real_server_under_memory_pressure(
     print(f"hog crossed the floor; guard acted {detected:.2f} s later; vLLM gone "
           f"{exited - crossed:.2f} s after the crossing")  # fmt: skip
     assert detected < 2.0
-    assert "vLLM (pid" in log and "exited after SIGTERM" in log
-    record = Path(tmp_path / "hf" / "sparkserve" / "guard-stopped.json")
+    # vLLM aborts its requests and ends its engine processes (which hold the memory) at the
+    # SIGTERM; with the stress run's stream still open its HTTP server then waits for that
+    # connection to close, until the guard's SIGKILL after the grace period.
+    assert "vLLM (pid" in log and ("exited after SIGTERM" in log or "SIGKILL after" in log)
+    assert "API server: engine client stopped" in log
     assert json.loads(record.read_text())["reason"].startswith("MemAvailable")
+    print("stress:", verdict.strip())
+    assert stress.returncode == 1, verdict + stress_err
+    assert verdict.startswith("FAIL: the memory guard stopped vLLM at t=")
+    assert "(during c=" in verdict and "fell below the floor" in verdict
+    result = json.loads((tmp_path / "stress" / "stress.json").read_text())
+    assert result["status"] == "FAIL" and "requests failed during c=" in (result["error"] or "")
     deadline = time.monotonic() + 3
     while any(_running(p) for p in guard_pids) and time.monotonic() < deadline:
         time.sleep(0.1)

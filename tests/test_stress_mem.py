@@ -18,10 +18,12 @@ from pathlib import Path
 import pytest
 
 from sparkserve.cli import main
+from sparkserve.guard import Trip, write_marker
 from sparkserve.stress import metrics
+from sparkserve.stress.cli import guard_stop
 from sparkserve.stress.plan import PlanError, default_bank, parse_bank, size_phases
 from sparkserve.stress.sampler import GIB, MemorySampler, Sample, host_figures, read_meminfo
-from sparkserve.stress.verdict import judge
+from sparkserve.stress.verdict import GuardStop, judge
 from support.cpu_launch import launcher_server
 from support.vllm_server import VllmServer, free_port
 
@@ -110,6 +112,24 @@ def test_verdict_fail_on_swap_growth_and_tolerance() -> None:
     assert not judge([], os_reserve_gib=14).passed
 
 
+def test_verdict_names_a_guard_stop(tmp_path: Path) -> None:
+    samples = _samples([30, 25, 20, 22])  # memory looked fine to the sampler
+    verdict = judge(samples, os_reserve_gib=14, guard_stop=GuardStop(0.25, "PSI at 55 %"))
+    assert not verdict.passed and verdict.worst_phase == "c=1"
+    assert verdict.line == (
+        "FAIL: the memory guard stopped vLLM at t=0.2 s (during c=1): PSI at 55 %; "
+        "lowest MemAvailable 20.00 GiB"
+    )
+    # The guard's own record, as guard.py writes it, placed on the run's clock.
+    record = tmp_path / "hf" / "sparkserve" / "guard-stopped.json"
+    write_marker(record, Trip("MemAvailable 1.00 GiB fell below", 1.0, 2.0, 0.0, 0.0, 1000.5), 7)
+    assert guard_stop(None, {"HF_HOME": str(tmp_path / "hf")}, 990.0) == GuardStop(
+        10.5, "MemAvailable 1.00 GiB fell below"
+    )
+    assert guard_stop(record, {}, 1001.0) is None  # an older stop than this run
+    assert guard_stop(None, {}, 990.0) is None and guard_stop(tmp_path / "x", {}, 0.0) is None
+
+
 def test_pool_size_from_metrics_and_log() -> None:
     text = (
         'vllm:cache_config_info{block_size="128",engine="0",num_gpu_blocks="1024",'
@@ -134,13 +154,22 @@ def test_host_figures_from_meminfo(tmp_path: Path) -> None:
     assert host_figures(read_meminfo(meminfo)) == (8.0, 4.0, 5.0, 1.0)
 
 
-def test_sampler_keeps_its_rate() -> None:
+def test_sampler_keeps_its_rate_while_this_process_is_busy() -> None:
+    """It samples in a process of its own: this one holding the GIL in long C calls (as
+    building big prompts and parsing streams under memory pressure did) does not slow it."""
     sampler = MemorySampler(20.0, nvidia_smi=None).start()
-    time.sleep(1.5)
+    sampler.phase("busy")
+    end = time.monotonic() + 2.0
+    while time.monotonic() < end:
+        blob = b"\x01" * (256 << 20)  # one C call: the GIL is held until it returns
+        del blob
     samples = sampler.stop()
     span = samples[-1].t - samples[0].t
     assert (len(samples) - 1) / span >= 18
     assert max(b.t - a.t for a, b in itertools.pairwise(samples)) < 0.15
+    assert {s.phase for s in samples[1:]} == {"busy"}
+    psi = [s.psi_full_pct for s in samples[1:]]
+    assert all(p is None for p in psi) or all(0 <= p <= 100 for p in psi if p is not None)
 
 
 # -- against a real server -----------------------------------------------------------------

@@ -45,8 +45,12 @@ def _rate(metric: str, by: str = "") -> str:
     return f"sum{group}(rate({metric}[{RATE}]))"
 
 
-def _quantile(q: float, histogram: str) -> str:
-    return f"histogram_quantile({q}, sum by (le) (rate({histogram}_bucket[{RATE}])))"
+def _p50_p95(histogram: str) -> tuple[Query, ...]:
+    """The median and the 95th percentile of a vLLM histogram over the rate window."""
+    return tuple(
+        Query(f"histogram_quantile({q}, sum by (le) (rate({histogram}_bucket[{RATE}])))", name)
+        for q, name in ((0.5, "p50"), (0.95, "p95"))
+    )
 
 
 DRAFTS = _rate("vllm:spec_decode_num_drafts_total")
@@ -66,10 +70,7 @@ PANELS: tuple[PanelSpec, ...] = (
         "should start in a fraction of a second (0.18 s on a 4k prefix on a Spark); a cold "
         "long prompt takes seconds.",
         "s",
-        (
-            Query(_quantile(0.5, "vllm:time_to_first_token_seconds"), "p50"),
-            Query(_quantile(0.95, "vllm:time_to_first_token_seconds"), "p95"),
-        ),
+        _p50_p95("vllm:time_to_first_token_seconds"),
     ),
     PanelSpec(
         "Inter-token latency",
@@ -77,10 +78,7 @@ PANELS: tuple[PanelSpec, ...] = (
         "bursts of accepted drafts, so p50 is small and p95 is one verification step; a p95 "
         "rising under load means the batch is saturated.",
         "s",
-        (
-            Query(_quantile(0.5, "vllm:inter_token_latency_seconds"), "p50"),
-            Query(_quantile(0.95, "vllm:inter_token_latency_seconds"), "p95"),
-        ),
+        _p50_p95("vllm:inter_token_latency_seconds"),
     ),
     PanelSpec(
         "Requests running and waiting",

@@ -21,13 +21,14 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from sparkserve import __version__
+from sparkserve.guard import MARKER_NAME
 from sparkserve.knobs import BY_NAME, KnobError
 from sparkserve.stress import metrics
 from sparkserve.stress.plan import PlanError, default_bank, parse_bank, size_phases
 from sparkserve.stress.run import RunAborted, StressRun, kv_probe
 from sparkserve.stress.sampler import MemorySampler, Sample
 from sparkserve.stress.server import PreflightError, Server, ServerError
-from sparkserve.stress.verdict import judge
+from sparkserve.stress.verdict import GuardStop, judge
 
 EXIT_PASS, EXIT_FAIL, EXIT_USAGE, EXIT_ABORTED, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
 
@@ -144,7 +145,23 @@ def add_command(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -
         "--progress-s", type=positive(float, "--progress-s", 0.1), default=5.0,
         help="seconds between progress lines (default 5)",
     )  # fmt: skip
+    parser.add_argument(
+        "--guard-record", type=Path,
+        help="the memory guard's stop record, to name a guard stop in the verdict "
+        f"(default: $HF_HOME/{MARKER_NAME} where HF_HOME is set, as in the container)",
+    )  # fmt: skip
     parser.set_defaults(run=run)
+
+
+def guard_stop(given: Path | None, env: Mapping[str, str], t0_epoch: float) -> GuardStop | None:
+    """The guard's record when it stopped vLLM after this run began, placed on its clock."""
+    path = given or (Path(env["HF_HOME"]) / MARKER_NAME if env.get("HF_HOME") else None)
+    try:
+        record = json.loads(path.read_text()) if path is not None else {}
+        at = float(record["at"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return GuardStop(at - t0_epoch, str(record.get("reason", ""))) if at >= t0_epoch else None
 
 
 def resolve_model(args: argparse.Namespace, env: Mapping[str, str]) -> str | None:
@@ -238,7 +255,10 @@ def _run(args: argparse.Namespace, env: Mapping[str, str]) -> int:
             time.sleep(min(args.settle_s, 1.0))
         samples = sampler.stop()
 
-    verdict = judge(samples, reserve, args.swap_tolerance_mib / 1024)
+    stopped = guard_stop(args.guard_record, env, t0_epoch)
+    verdict = judge(samples, reserve, args.swap_tolerance_mib / 1024, stopped)
+    if stopped is not None and status == "aborted":
+        status = "done"  # the requests failed because the guard stopped vLLM: a verdict
     duration = samples[-1].t - samples[0].t if len(samples) > 1 else 0.0
     phase_dicts = [r.as_dict(samples, sampler.t0) for r in stress.records if r.start_t is not None]
     result: dict[str, Any] = {
