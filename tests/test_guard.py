@@ -195,80 +195,28 @@ def test_launcher_can_run_without_the_guard(tmp_path: Path) -> None:
 
 # ---------------------------------------------------------------- a fast hog
 
-FAST_HOG = """
-import json, signal, sys, time
-floor, cap = int(sys.argv[1]), int(sys.argv[2])
-chunk = 8 << 20  # its samples of MemAvailable are one chunk apart (~10 ms)
-def available():
-    with open("/proc/meminfo", "rb") as f:
-        for line in f:
-            if line.startswith(b"MemAvailable:"):
-                return int(line.split()[1]) * 1024
-got = {}
-signal.signal(signal.SIGTERM, lambda *_: got.setdefault("sigterm", time.time()))
-sys.stdin.readline()  # go: the guard is watching
-chunks, held, lowest, first = [], 0, available(), None
-start = time.time()
-while "sigterm" not in got and held < cap:
-    chunks.append(b"\\x01" * chunk)  # allocated and written: every page touched
-    held += chunk
-    now = available()
-    lowest = min(lowest, now)
-    if first is None and now < floor:
-        first = time.time()
-grew = time.time() - start
-deadline = time.time() + 10
-while "sigterm" not in got and time.time() < deadline:
-    time.sleep(0.01)
-print(json.dumps({"first_below": first, "sigterm": got.get("sigterm"), "lowest": lowest,
-                  "held": held, "rate": held / max(grew, 1e-6)}), flush=True)
-"""
-
 
 def test_a_fast_hog_is_stopped_right_after_it_crosses_the_floor(tmp_path: Path) -> None:
-    """The watched process itself eats memory as fast as it can; the guard must SIGTERM it
-    soon after MemAvailable crosses the floor. Reports how low MemAvailable got and how long
-    the guard took from the hog's first sample under the floor to the SIGTERM (docs/FINDINGS.md)."""
-    available = read_meminfo().available
-    if available < 10 * GIB:
-        pytest.skip(f"only {available / GIB:.1f} GiB available: too little for a 3 GiB hog")
-    floor = available - 3 * GIB
-    hog = subprocess.Popen(
-        [sys.executable, "-c", FAST_HOG, str(floor), str(6 * GIB)],  # 6 GiB at most
-        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+    """benchmarks/guard_reaction.py, one run: the watched process itself eats memory as fast as
+    it can; the guard must SIGTERM it soon after MemAvailable crosses the floor. Prints how low
+    MemAvailable got and the time from the first reading under the floor to the SIGTERM."""
+    if read_meminfo().available < 10 * GIB:
+        pytest.skip("under 10 GiB available: too little for the benchmark's 6 GiB hog")
+    out = tmp_path / "reaction.json"
+    done = subprocess.run(
+        [sys.executable, str(REPO / "benchmarks" / "guard_reaction.py"), "--runs", "1",
+         "--json", str(out)],
+        env=ENV, capture_output=True, text=True, timeout=300,
     )  # fmt: skip
-    guard = guard_process(
-        hog.pid, "--floor-gb", f"{floor / GIB:.3f}", "--swap-mb-s", "0", "--psi-full-pct", "0",
-        "--grace-s", "5", "--textfile-dir", str(tmp_path),
-    )  # fmt: skip
-    assert hog.stdin is not None and guard.stderr is not None
-    try:
-        assert "watching pid" in guard.stderr.readline()
-        hog.stdin.write("go\n")
-        hog.stdin.flush()
-        report = json.loads(hog.communicate(timeout=60)[0])
-        guard.wait(timeout=30)
-    finally:
-        hog.kill()
-        guard.kill()
-        guard.wait()
-    log = guard.stderr.read()
-    assert guard.returncode == 3, log
-    assert report["first_below"] is not None, f"the hog never crossed the floor: {report}"
-    assert report["sigterm"] is not None, f"no SIGTERM reached the hog: {report}\n{log}"
-    stop = STOP_LINE.search(log)
-    assert stop and "fell below the floor" in stop.group(2), log
-    acted = float(stop.group(3)) - report["first_below"]  # the guard sends SIGTERM right after
-    handled = report["sigterm"] - report["first_below"]  # Python runs the handler between chunks
-    print(
-        f"fast hog: {report['rate'] / 1e9:.2f} GB/s; lowest MemAvailable "
-        f"{report['lowest'] / GIB:.2f} GiB against the floor {floor / GIB:.2f} GiB "
-        f"({(floor - report['lowest']) / GIB:.2f} GiB under); first sample under the floor to "
-        f"the guard's SIGTERM {acted * 1000:.0f} ms, to the hog's handler {handled * 1000:.0f} ms"
-    )
-    # The guard may see the crossing first: it samples while the hog is inside a chunk.
-    assert acted < 1.0
-    state = parse_metrics((tmp_path / "guard.prom").read_text())
+    assert done.returncode == 0, done.stdout + done.stderr
+    print(done.stdout)
+    run = json.loads(out.read_text())["runs"][0]
+    assert "fell below the floor" in (run["reason"] or ""), run["guard_log"]
+    # Negative when the guard read MemAvailable under the floor while the hog was still
+    # inside the chunk it samples after.
+    assert run["first_below_to_sigterm_ms"] is not None, run
+    assert run["first_below_to_sigterm_ms"] < 1000
+    state = parse_metrics(run["state_file"])
     assert metric_sum(state, "sparkserve_guard_tripped", reason="mem_available") == 1
 
 
