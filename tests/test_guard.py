@@ -49,7 +49,7 @@ def test_rules() -> None:
     assert rate.add(2.0, 100_000) == pytest.approx(100_000 * 4096 / 2.0)
 
 
-def test_pressure_rule_reader_and_off_value() -> None:
+def test_pressure_rule_reader_and_off_value(tmp_path: Path) -> None:
     limits = Limits(floor_bytes=GIB, swap_rate_bytes_s=0, psi_full_pct=40)
     assert check(limits, 3 * GIB, 0, 0.0, psi_full=39.9) is None
     rule, reason = check_reason(limits, 3 * GIB, 0, 0.0, psi_full=40.0) or ("", "")
@@ -74,6 +74,8 @@ def test_pressure_rule_reader_and_off_value() -> None:
     later = parse_pressure(text.replace("total=4000000", "total=4500000"))
     assert stalls.add(11.0, later) == pytest.approx((0.5, 0.0))
     here = read_pressure()  # this machine's kernel: a real file or None, never an error
+    (tmp_path / "memory").write_text("no pressure here\n")
+    assert read_pressure(tmp_path / "memory") is None  # the guard keeps its other rules
     assert here is None or 0 <= here.full_avg10 <= 100
 
 

@@ -28,7 +28,7 @@ def parse_pressure(text: str, source: str = str(PSI_MEMORY)) -> Pressure:
     """The two lines of a PSI file; ValueError naming `source` on anything else."""
     rows: dict[str, dict[str, str]] = {}
     for line in text.splitlines():
-        kind, *fields = line.split()
+        kind, *fields = line.split() or [""]
         rows[kind] = dict(field.split("=", 1) for field in fields if "=" in field)
     try:
         some, full = rows["some"], rows.get("full", {"avg10": "0", "total": "0"})
@@ -43,12 +43,12 @@ def parse_pressure(text: str, source: str = str(PSI_MEMORY)) -> Pressure:
 
 
 def read_pressure(path: Path = PSI_MEMORY) -> Pressure | None:
-    """The memory PSI now, or None where the kernel does not provide it."""
+    """The memory PSI now, or None where the kernel provides none we can read (the guard must
+    keep running on such a kernel, with its other rules)."""
     try:
-        text = path.read_text()
-    except OSError:
+        return parse_pressure(path.read_text(), str(path))
+    except (OSError, ValueError):
         return None
-    return parse_pressure(text, str(path))
 
 
 class StallRate:
