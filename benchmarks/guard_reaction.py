@@ -129,7 +129,7 @@ def main(argv: list[str] | None = None) -> int:
         )
         time.sleep(1)  # let the kernel settle the freed memory
     if args.json:
-        machine = {"host": platform.node(), "cpus": os.cpu_count(), "load": os.getloadavg()}
+        machine = {"cpus": os.cpu_count(), "load": os.getloadavg(), "kernel": platform.release()}
         record = {"date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "machine": machine}
         args.json.write_text(json.dumps(record | {"runs": runs}, indent=1) + "\n")
     return 0 if all(r["guard_exit"] == 3 for r in runs) else 1
