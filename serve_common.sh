@@ -151,6 +151,7 @@ fetch_models() {
 guard_command() {
   GUARD_ARGS=(python3 -m sparkserve.guard --pid "$$" --floor-gb "${GUARD_FLOOR_GB}"
     --os-reserve-gb "${OS_RESERVE_GB}" --swap-mb-s "${GUARD_SWAP_MB_S}"
+    --psi-full-pct "${GUARD_PSI_PCT}" --textfile-dir "${GUARD_METRICS_DIR}"
     --marker "${GUARD_MARKER}")
 }
 

@@ -12,6 +12,8 @@ source "${REPO}/scripts/lib/installers.sh"
 source "${REPO}/scripts/lib/cpu_serve_venv.sh"
 # shellcheck source=scripts/lib/containers.sh
 source "${REPO}/scripts/lib/containers.sh"
+# shellcheck source=scripts/lib/system_packages.sh
+source "${REPO}/scripts/lib/system_packages.sh"
 set -a
 # shellcheck source=versions.env
 source "${REPO}/versions.env"
@@ -35,6 +37,8 @@ export SPARKSERVE_CPU_PYTHON="${cpu}/bin/python"
 SPARKSERVE_VLLM_BUGGY_SRC="$(ensure_vllm_source "${VLLM_BUGGY_VERSION}")"
 export SPARKSERVE_VLLM_BUGGY_SRC
 export VLLM_TARGET_DEVICE=cpu
+# Debian's Prometheus, promtool and node-exporter for the metrics tests (apt, when missing).
+ensure_metrics_packages
 export PATH="${core}/bin:${PATH}"
 
 # The container end-to-end test (tests/e2e/test_container.py): podman, a Debian base image,

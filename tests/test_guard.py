@@ -12,8 +12,11 @@ from pathlib import Path
 
 import pytest
 
-from sparkserve.guard import Limits, SwapRate, check
-from sparkserve.memory.host import GIB
+from sparkserve.guard import Limits, SwapRate, check, check_reason, next_wait
+from sparkserve.guard_textfile import GuardState, render
+from sparkserve.memory.host import GIB, read_meminfo
+from sparkserve.memory.pressure import StallRate, parse_pressure, read_pressure
+from support.vllm_server import metric_sum, parse_metrics
 
 REPO = Path(__file__).resolve().parents[1]
 ENV = dict(os.environ, PYTHONPATH=str(REPO / "src"))
@@ -42,9 +45,62 @@ def test_rules() -> None:
     assert rate.add(2.0, 400_000_000) == pytest.approx(200e6)  # bytes written to swap
 
 
-def test_guard_exits_when_the_process_does_and_costs_under_1_percent() -> None:
+def test_pressure_rule_reader_and_off_value(tmp_path: Path) -> None:
+    limits = Limits(floor_bytes=GIB, swap_rate_bytes_s=0, psi_full_pct=40)
+    assert check(limits, 3 * GIB, 0, 0.0, psi_full=39.9) is None
+    rule, reason = check_reason(limits, 3 * GIB, 0, 0.0, psi_full=40.0) or ("", "")
+    assert rule == "psi" and "PSI full avg10) at 40.0 % reached 40 % (GUARD_PSI_PCT)" in reason
+    assert check(Limits(GIB, 0, psi_full_pct=0), 3 * GIB, 0, 0.0, psi_full=100.0) is None
+    assert check(limits, 3 * GIB, 0, 0.0, psi_full=None) is None  # a kernel without PSI
+    assert (check_reason(limits, GIB // 2, 0, 0.0, psi_full=90.0) or ("",))[0] == "mem_available"
+    text = (
+        "some avg10=12.50 avg60=3.00 avg300=1.00 total=4000000\n"
+        "full avg10=7.25 avg60=1.00 avg300=0.50 total=1500000\n"
+    )
+    pressure = parse_pressure(text)
+    assert (pressure.some_avg10, pressure.full_avg10, pressure.full_total_us) == (
+        12.5,
+        7.25,
+        1500000,
+    )
+    with pytest.raises(ValueError, match="not a PSI file"):
+        parse_pressure("some avg10=x total=1\n", "/proc/pressure/memory")
+    stalls = StallRate()
+    assert stalls.add(10.0, pressure) == (0.0, 0.0)
+    later = parse_pressure(text.replace("total=4000000", "total=4500000"))
+    assert stalls.add(11.0, later) == pytest.approx((0.5, 0.0))
+    here = read_pressure()  # this machine's kernel: a real file or None, never an error
+    (tmp_path / "memory").write_text("no pressure here\n")
+    assert read_pressure(tmp_path / "memory") is None  # the guard keeps its other rules
+    assert here is None or 0 <= here.full_avg10 <= 100
+
+
+def test_polling_speeds_up_as_memory_falls_towards_the_floor() -> None:
+    assert next_wait(0.2, 10 * GIB, 2 * GIB, 0.0) == 0.2  # not falling
+    assert next_wait(0.2, 10 * GIB, 2 * GIB, GIB) == 0.2  # 8 s away
+    assert next_wait(0.2, 3 * GIB, 2 * GIB, 5 * GIB) == pytest.approx(0.1)  # 0.2 s away
+    assert next_wait(0.2, 2 * GIB + 1, 2 * GIB, 8 * GIB) == 0.01
+
+
+def test_state_file_is_prometheus_text() -> None:
+    state = GuardState(2 * GIB, 14 * GIB, 256e6, 40.0, mem_available_bytes=5 * GIB)
+    state.psi_full_avg10, state.tripped, state.trip_time = 3.5, "psi", 1700000000.25
+    parsed = parse_metrics(render(state, now=1700000001.0))
+    assert metric_sum(parsed, "sparkserve_guard_floor_bytes") == 2 * GIB
+    assert metric_sum(parsed, "sparkserve_guard_os_reserve_bytes") == 14 * GIB
+    assert metric_sum(parsed, "sparkserve_guard_tripped", reason="psi") == 1
+    assert metric_sum(parsed, "sparkserve_guard_tripped", reason="mem_available") == 0
+    assert metric_sum(parsed, "sparkserve_guard_last_trip_timestamp_seconds") == 1700000000.25
+    assert metric_sum(parsed, "sparkserve_guard_psi_full_avg10_percent") == 3.5
+    state.psi_full_avg10 = None  # no PSI on this kernel: no such series, not a fake 0
+    assert "psi_full_avg10" not in render(state)
+
+
+def test_guard_exits_when_the_process_does_and_costs_under_1_percent(tmp_path: Path) -> None:
     sleeper = subprocess.Popen(["sleep", "60"])
-    guard = guard_process(sleeper.pid, "--floor-gb", "0.5", "--swap-mb-s", "0")
+    guard = guard_process(
+        sleeper.pid, "--floor-gb", "0.5", "--swap-mb-s", "0", "--textfile-dir", str(tmp_path)
+    )
     try:
         time.sleep(1.5)  # past the interpreter's start
         assert guard.poll() is None, guard.stderr.read() if guard.stderr else ""
@@ -53,6 +109,9 @@ def test_guard_exits_when_the_process_does_and_costs_under_1_percent() -> None:
         share = (cpu_seconds(guard.pid) - c0) / (time.monotonic() - t0)
         print(f"guard CPU: {100 * share:.2f}% of one core over 6 s at 5 samples/s")
         assert share < 0.01
+        state = parse_metrics((tmp_path / "guard.prom").read_text())
+        assert metric_sum(state, "sparkserve_guard_watching") == 1
+        assert metric_sum(state, "sparkserve_guard_floor_bytes") == GIB // 2
         sleeper.kill()
         sleeper.wait()
         gone = time.monotonic()
@@ -64,6 +123,9 @@ def test_guard_exits_when_the_process_does_and_costs_under_1_percent() -> None:
         guard.wait()
     assert guard.returncode == 0
     assert "watching pid" in (guard.stderr.read() if guard.stderr else "")
+    state = parse_metrics((tmp_path / "guard.prom").read_text())
+    assert metric_sum(state, "sparkserve_guard_watching") == 0  # it says it stopped watching
+    assert metric_sum(state, "sparkserve_guard_tripped") == 0
 
 
 @pytest.mark.parametrize(
@@ -145,3 +207,30 @@ def test_launcher_can_run_without_the_guard(tmp_path: Path) -> None:
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
     assert ran.exists() and "sparkserve guard" not in done.stderr
+
+
+# ---------------------------------------------------------------- a fast hog
+
+
+def test_a_fast_hog_is_stopped_right_after_it_crosses_the_floor(tmp_path: Path) -> None:
+    """benchmarks/guard_reaction.py, one run: the watched process itself eats memory as fast as
+    it can; the guard must SIGTERM it soon after MemAvailable crosses the floor. Prints how low
+    MemAvailable got and the time from the first reading under the floor to the SIGTERM."""
+    if read_meminfo().available < 10 * GIB:
+        pytest.skip("under 10 GiB available: too little for the benchmark's 6 GiB hog")
+    out = tmp_path / "reaction.json"
+    done = subprocess.run(
+        [sys.executable, str(REPO / "benchmarks" / "guard_reaction.py"), "--runs", "1",
+         "--json", str(out)],
+        env=ENV, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    print(done.stdout)
+    run = json.loads(out.read_text())["runs"][0]
+    assert "fell below the floor" in (run["reason"] or ""), run["guard_log"]
+    # Negative when the guard read MemAvailable under the floor while the hog was still
+    # inside the chunk it samples after.
+    assert run["first_below_to_sigterm_ms"] is not None, run
+    assert run["first_below_to_sigterm_ms"] < 1000
+    state = parse_metrics(run["state_file"])
+    assert metric_sum(state, "sparkserve_guard_tripped", reason="mem_available") == 1

@@ -30,6 +30,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "sparkserve.doctor",
     "sparkserve.fetch",
     "sparkserve.recipes.cli",
+    "sparkserve.dashboard",
 )
 
 

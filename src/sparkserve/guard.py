@@ -3,13 +3,18 @@
 On a DGX Spark the GPU's memory is the host's: when vLLM, a client or the page cache push
 MemAvailable to nothing, the machine swaps or freezes instead of failing one process. The
 launchers start this guard in the background just before they `exec vllm`, watching their own
-PID (which becomes vLLM's). Several times a second it reads /proc/meminfo and /proc/vmstat and,
-when MemAvailable falls below the floor or swap-out runs faster than the limit, it
+PID (which becomes vLLM's). Several times a second (faster while MemAvailable falls towards
+the floor) it reads /proc/meminfo, /proc/vmstat and /proc/pressure/memory and, when
+MemAvailable falls below the floor, swap-out runs faster than the limit or memory pressure
+(PSI) reaches its limit, it
 
 1. logs why, with the numbers, on stderr (the container's log);
 2. writes a marker (JSON) to the model-cache volume, which the launcher reads on its next
    start and refuses to start until the user sets GUARD_RESUME=1 (docs/MEMORY.md);
 3. sends vLLM SIGTERM, and SIGKILL (to vLLM and its children) after a grace period.
+
+With --textfile-dir it also keeps its state in a Prometheus text file there (guard_textfile.py)
+for node-exporter's textfile collector.
 
 It exits as soon as the watched process is gone (polled, plus PR_SET_PDEATHSIG so that the
 kernel signals it when its parent, the watched process, dies), so it never outlives the
@@ -35,6 +40,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from sparkserve import guard_textfile
 from sparkserve.command_line import (
     EXIT_BAD_INPUT,
     EXIT_OK,
@@ -45,10 +51,12 @@ from sparkserve.command_line import (
 )
 from sparkserve.knobs import BY_NAME
 from sparkserve.memory.host import GIB, read_meminfo, read_swap_traffic
+from sparkserve.memory.pressure import read_pressure
 
 # The record of a stop, under HF_HOME (the model-cache volume); the launcher gets the full
 # path as GUARD_MARKER from `sparkserve knobs resolve`, doctor looks for it too.
 MARKER_NAME = "sparkserve/guard-stopped.json"
+METRICS_DIR_NAME = "sparkserve/metrics"
 PROG = "sparkserve guard"
 
 
@@ -56,11 +64,17 @@ def marker_path(hf_home: str | Path) -> Path:
     return Path(hf_home) / MARKER_NAME
 
 
+def metrics_dir(hf_home: str | Path) -> Path:
+    """Where the guard keeps its state for node-exporter's textfile collector (the volume)."""
+    return Path(hf_home) / METRICS_DIR_NAME
+
+
 @dataclass(frozen=True)
 class Limits:
     floor_bytes: int
     swap_rate_bytes_s: float  # 0: off
     window_s: float = 2.0
+    psi_full_pct: float = 0.0  # PSI memory "full" avg10 limit; 0: off
 
 
 @dataclass(frozen=True)
@@ -71,6 +85,7 @@ class Trip:
     swap_used_gib: float
     swap_out_mb_s: float
     at: float  # time.time()
+    psi_full_avg10: float | None = None
 
 
 class SwapRate:
@@ -92,20 +107,51 @@ class SwapRate:
         return (swapped_out - first_bytes) / span
 
 
-def check(limits: Limits, available: int, swap_used: int, swap_rate: float) -> str | None:
+def check(
+    limits: Limits,
+    available: int,
+    swap_used: int,
+    swap_rate: float,
+    psi_full: float | None = None,
+) -> str | None:
     """The reason to stop, or None."""
+    found = check_reason(limits, available, swap_used, swap_rate, psi_full)
+    return None if found is None else found[1]
+
+
+def check_reason(
+    limits: Limits,
+    available: int,
+    swap_used: int,
+    swap_rate: float,
+    psi_full: float | None = None,
+) -> tuple[str, str] | None:
+    """(which rule, as guard_textfile.REASONS names it; the reason in words), or None."""
     if available < limits.floor_bytes:
-        return (
+        return "mem_available", (
             f"MemAvailable {available / GIB:.2f} GiB fell below the floor "
             f"{limits.floor_bytes / GIB:.2f} GiB (GUARD_FLOOR_GB)"
         )
     if limits.swap_rate_bytes_s > 0 and swap_rate > limits.swap_rate_bytes_s:
-        return (
+        return "swap_out", (
             f"swap-out at {swap_rate / 1e6:.0f} MB/s over {limits.window_s:.0f} s exceeds "
             f"{limits.swap_rate_bytes_s / 1e6:.0f} MB/s (GUARD_SWAP_MB_S); swap used "
             f"{swap_used / GIB:.2f} GiB"
         )
+    if limits.psi_full_pct > 0 and psi_full is not None and psi_full >= limits.psi_full_pct:
+        return "psi", (
+            f"memory pressure (PSI full avg10) at {psi_full:.1f} % reached "
+            f"{limits.psi_full_pct:g} % (GUARD_PSI_PCT); MemAvailable {available / GIB:.2f} GiB"
+        )
     return None
+
+
+def next_wait(interval_s: float, available: int, floor: int, falling_bytes_s: float) -> float:
+    """Seconds to the next reading: the interval, shortened to half the time MemAvailable
+    would need to reach the floor at its current fall rate (a fast hog is met early)."""
+    if falling_bytes_s <= 0:
+        return interval_s
+    return min(interval_s, max(0.01, (available - floor) / falling_bytes_s / 2))
 
 
 def _start_time(pid: int) -> str | None:
@@ -199,6 +245,30 @@ def watch(
     interval_s: float,
     grace_s: float,
     marker: Path | None,
+    textfile_dir: Path | None = None,
+    os_reserve_bytes: int = 0,
+) -> int:
+    state = guard_textfile.GuardState(
+        floor_bytes=limits.floor_bytes,
+        os_reserve_bytes=os_reserve_bytes,
+        swap_limit_bytes_s=limits.swap_rate_bytes_s,
+        psi_limit_pct=limits.psi_full_pct,
+    )
+    try:
+        return _watch(pid, limits, interval_s, grace_s, marker, textfile_dir, state)
+    finally:
+        state.watching = False
+        guard_textfile.write(textfile_dir, state)
+
+
+def _watch(
+    pid: int,
+    limits: Limits,
+    interval_s: float,
+    grace_s: float,
+    marker: Path | None,
+    textfile_dir: Path | None,
+    state: guard_textfile.GuardState,
 ) -> int:
     started = _start_time(pid)
     if started is None:
@@ -213,13 +283,21 @@ def watch(
         f"watching pid {pid}: floor {limits.floor_bytes / GIB:.2f} GiB MemAvailable, "
         f"swap-out limit {limits.swap_rate_bytes_s / 1e6:.0f} MB/s "
         f"({'off' if limits.swap_rate_bytes_s <= 0 else f'over {limits.window_s:.0f} s'}), "
-        f"every {interval_s:.2f} s"
+        f"PSI full avg10 limit {limits.psi_full_pct:g} %"
+        f"{' (off)' if limits.psi_full_pct <= 0 else ''}, every {interval_s:.2f} s"
     )
+    last: tuple[float, int] | None = None
+    written = 0.0
     while alive(pid, started):
         mem = read_meminfo()
-        swap_rate = rate.add(time.monotonic(), read_swap_traffic().swapped_out)
-        reason = check(limits, mem.available, mem.swap_used, swap_rate)
-        if reason is not None:
+        now = time.monotonic()
+        swap_rate = rate.add(now, read_swap_traffic().swapped_out)
+        pressure = read_pressure()
+        psi_full = None if pressure is None else pressure.full_avg10
+        found = check_reason(limits, mem.available, mem.swap_used, swap_rate, psi_full)
+        state.mem_available_bytes, state.psi_full_avg10 = mem.available, psi_full
+        if found is not None:
+            rule, reason = found
             trip = Trip(
                 reason=reason,
                 mem_available_gib=round(mem.available / GIB, 3),
@@ -227,6 +305,7 @@ def watch(
                 swap_used_gib=round(mem.swap_used / GIB, 3),
                 swap_out_mb_s=round(swap_rate / 1e6, 1),
                 at=time.time(),
+                psi_full_avg10=psi_full,
             )
             log(
                 f"stopping vLLM (pid {pid}): {reason}; MemAvailable "
@@ -235,10 +314,17 @@ def watch(
                 f"(at {trip.at:.3f})"
             )
             write_marker(marker, trip, pid)
+            state.tripped, state.trip_time = rule, trip.at
+            guard_textfile.write(textfile_dir, state)
             how = stop(pid, started, grace_s)
             log(f"vLLM (pid {pid}) {how}")
             return EXIT_STOPPED
-        time.sleep(interval_s)
+        if now - written >= 1.0:
+            guard_textfile.write(textfile_dir, state)
+            written = now
+        falling = 0.0 if last is None else (last[1] - mem.available) / max(now - last[0], 1e-3)
+        last = (now, mem.available)
+        time.sleep(next_wait(interval_s, mem.available, limits.floor_bytes, falling))
     return EXIT_OK
 
 
@@ -268,6 +354,11 @@ def configure(parser: argparse.ArgumentParser) -> None:
         help="stop when swap-out exceeds this many MB/s over --window-s (0: off)",
     )
     add("--window-s", type=ranged(float, "--window-s", 0.5, 60), default=2.0)
+    add(
+        "--psi-full-pct",
+        **_knob_option("GUARD_PSI_PCT", "--psi-full-pct"),
+        help="stop when PSI memory 'full' avg10 reaches this many percent (0: off)",
+    )
     add("--interval-s", type=ranged(float, "--interval-s", 0.05, 10), default=0.2)
     add(
         "--grace-s",
@@ -280,6 +371,12 @@ def configure(parser: argparse.ArgumentParser) -> None:
         type=Path,
         default=None,
         help="file to record a stop in (the launcher passes $HF_HOME/" + MARKER_NAME + ")",
+    )
+    add(
+        "--textfile-dir",
+        type=Path,
+        default=None,
+        help="keep the guard's state in DIR/guard.prom for node-exporter's textfile collector",
     )
     one_line_errors(parser, PROG)
 
@@ -294,8 +391,12 @@ def run(args: argparse.Namespace) -> int:
         floor_bytes=int(floor_gib * GIB),
         swap_rate_bytes_s=args.swap_mb_s * 1e6,
         window_s=args.window_s,
+        psi_full_pct=args.psi_full_pct,
     )
-    return watch(args.pid, limits, args.interval_s, args.grace_s, args.marker)
+    return watch(
+        args.pid, limits, args.interval_s, args.grace_s, args.marker,
+        args.textfile_dir, int(args.os_reserve_gb * GIB),
+    )  # fmt: skip
 
 
 def _run_checked(args: argparse.Namespace) -> int:

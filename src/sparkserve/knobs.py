@@ -220,6 +220,10 @@ KNOBS: tuple[Knob, ...] = (
     Knob("GUARD_SWAP_MB_S", "float", "256", minimum=0, maximum=100000, group="memory",
          why="The guard stops vLLM when swap-out runs faster than this many MB/s over 2 s "
              "(a thrashing host); 0 disables this check."),
+    Knob("GUARD_PSI_PCT", "float", "40", minimum=0, maximum=100, group="memory",
+         why="The guard stops vLLM when memory pressure (PSI 'full' avg10: share of the last "
+             "10 s with every task stalled on memory) reaches this many percent, the early "
+             "sign of a host about to freeze; 0 disables this check."),
     Knob("GUARD_RESUME", "bool", "0", group="memory",
          why="After the guard stopped vLLM the launcher refuses to start until a container "
              "created with this set to 1 starts: its first start clears the guard's record. "

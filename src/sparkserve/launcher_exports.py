@@ -19,7 +19,7 @@ from collections.abc import Mapping
 
 from sparkserve import recipes
 from sparkserve.command_line import EXIT_BAD_INPUT, EXIT_OK, fail
-from sparkserve.guard import marker_path
+from sparkserve.guard import marker_path, metrics_dir
 from sparkserve.knobs import KnobError, Launcher, knobs_for, resolve
 from sparkserve.memory.budget import budget_problem
 from sparkserve.memory.host import GIB, read_meminfo
@@ -52,6 +52,7 @@ def exports(env: Mapping[str, str], launcher: Launcher, total_bytes: int) -> lis
         if values["KV_CACHE_GB"]
         else "",
         "GUARD_MARKER": str(marker_path(values["HF_HOME"])),
+        "GUARD_METRICS_DIR": str(metrics_dir(values["HF_HOME"])),
     }
     argv: list[str] = []
     speculative = ""

@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
+from test_stress_server import _start_stress_until_first_level
 
 from sparkserve.memory.host import GIB, read_meminfo
 from support.cpu_launch import launcher_server
@@ -41,11 +42,7 @@ while time.time() < end:  # stay under the floor while other jobs on the machine
     grow(floor - margin // 2)
     time.sleep(0.05)
 """
-
-
 KV_BYTES = 192 * 1024 * 1024
-
-
 STOP_LINE = re.compile(r"stopping vLLM \(pid (\d+)\): (.*) \(at ([\d.]+)\)")
 
 
@@ -59,14 +56,21 @@ def test_guard_stops_a_real_server_under_memory_pressure(
     floor_gib = round(max(1.0, (before - 5 * GIB) / GIB), 2)
     knobs = {
         "GUARD_FLOOR_GB": str(floor_gib),
-        "PREFIX_CACHE": "0",  # a config the run's two shared servers do not cover (for the plan)
         "EXTRA_ARGS": f"--kv-cache-memory-bytes {KV_BYTES}",
     }
     server = launcher_server(tmp_path, "mtp", tiny_models, sparkserve_site, knobs).start()
-    hog = None
+    hog = stress = None
+    record = Path(tmp_path / "hf" / "sparkserve" / "guard-stopped.json")
     try:
         server.wait_healthy(timeout_s=300)
         assert server.proc is not None
+        # A stress run is under way when the guard acts: its verdict must say so.
+        stress, _ = _start_stress_until_first_level(
+            [sys.executable, "-m", "sparkserve", "stress", "--url", server.base_url,
+             "--out", str(tmp_path / "stress"), "--bank", "1,2,3,4", "--prompt-tokens", "512",
+             "--gen-tokens", "3500", "--os-reserve-gb", "0.5", "--settle-s", "0.5",
+             "--guard-record", str(record)]
+        )  # fmt: skip
         guard_pids = [
             p.name for p in Path("/proc").iterdir()
             if p.name.isdigit()
@@ -86,10 +90,14 @@ def test_guard_stops_a_real_server_under_memory_pressure(
         report = hog.stdout.readline()
         server.proc.wait(timeout=60)
         exited = time.time()
+        verdict, stress_err = stress.communicate(timeout=120)
     finally:
         if hog is not None:
             hog.kill()
             hog.wait()
+        if stress is not None:
+            stress.kill()
+            stress.wait()
         server.stop(timeout_s=30)
     log = server.log_path.read_text(errors="replace")
     assert "crossed=True" in report, report
@@ -102,21 +110,30 @@ def test_guard_stops_a_real_server_under_memory_pressure(
     print(f"hog crossed the floor; guard acted {detected:.2f} s later; vLLM gone "
           f"{exited - crossed:.2f} s after the crossing")  # fmt: skip
     assert detected < 2.0
-    assert "vLLM (pid" in log and "exited after SIGTERM" in log
-    record = Path(tmp_path / "hf" / "sparkserve" / "guard-stopped.json")
+    # vLLM aborts its requests and ends its engine processes (which hold the memory) at the
+    # SIGTERM; with the stress run's stream still open its HTTP server then waits for that
+    # connection to close, until the guard's SIGKILL after the grace period.
+    assert "vLLM (pid" in log and ("exited after SIGTERM" in log or "SIGKILL after" in log)
+    assert "API server: engine client stopped" in log
     assert json.loads(record.read_text())["reason"].startswith("MemAvailable")
+    print("stress:", verdict.strip())
+    assert stress.returncode == 1, verdict + stress_err
+    assert verdict.startswith("FAIL: the memory guard stopped vLLM at t=")
+    assert "(during c=" in verdict and "fell below the floor" in verdict
+    result = json.loads((tmp_path / "stress" / "stress.json").read_text())
+    assert result["status"] == "FAIL" and "requests failed during c=" in (result["error"] or "")
     deadline = time.monotonic() + 3
     while any(_running(p) for p in guard_pids) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert not any(_running(p) for p in guard_pids), "the guard outlived vLLM"
-    # The third planner config: this server's logged pool (MTP, no prefix cache, 192 MiB).
+    # The third planner config: this server's logged pool (MTP, prefix cache, 192 MiB).
     predicted = cpu_plans(
         cpu_venv_python,
-        {"mtp-no-prefix": {"target": tiny_models["target"], "method": "mtp", "n": 2,
-                           "kv_bytes": KV_BYTES, "prefix": False}},
+        {"mtp-prefix": {"target": tiny_models["target"], "method": "mtp", "n": 2,
+                        "kv_bytes": KV_BYTES, "prefix": True}},
     )  # fmt: skip
     print("pool predicted:", predicted, "logged:", logged_pool(server.log_path))
-    assert predicted["mtp-no-prefix"] == logged_pool(server.log_path)
+    assert predicted["mtp-prefix"] == logged_pool(server.log_path)
 
 
 def _running(pid: str) -> bool:

@@ -23,11 +23,12 @@ from sparkserve.client import metrics, tool
 from sparkserve.client.server import PreflightError, ServerError
 from sparkserve.client.tool import UsageError, say
 from sparkserve.command_line import EXIT_FAILED, EXIT_OK, NumberOption
+from sparkserve.guard import MARKER_NAME, marker_path
 from sparkserve.knobs import knob_value
 from sparkserve.stress.bank import default_bank, parse_bank, size_phases
 from sparkserve.stress.run import StressRun, kv_probe
 from sparkserve.stress.sampler import MemorySampler, Sample
-from sparkserve.stress.verdict import judge
+from sparkserve.stress.verdict import GuardStop, judge
 
 PROG = "sparkserve stress"
 
@@ -59,7 +60,23 @@ def add_command(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -
         "--server-log", type=Path,
         help="a vLLM log to read the pool size from ('GPU KV cache size: N tokens')",
     )  # fmt: skip
+    parser.add_argument(
+        "--guard-record", type=Path,
+        help="the memory guard's stop record, to name a guard stop in the verdict "
+        f"(default: $HF_HOME/{MARKER_NAME} where HF_HOME is set, as in the container)",
+    )  # fmt: skip
     parser.set_defaults(run=run)
+
+
+def guard_stop(given: Path | None, env: Mapping[str, str], t0_epoch: float) -> GuardStop | None:
+    """The guard's record when it stopped vLLM after this run began, placed on its clock."""
+    path = given or (marker_path(env["HF_HOME"]) if env.get("HF_HOME") else None)
+    try:
+        record = json.loads(path.read_text()) if path is not None else {}
+        at = float(record["at"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return GuardStop(at - t0_epoch, str(record.get("reason", ""))) if at >= t0_epoch else None
 
 
 def run(args: argparse.Namespace, env: Mapping[str, str] | None = None) -> int:
@@ -122,7 +139,10 @@ def _run(args: argparse.Namespace, env: Mapping[str, str]) -> int:
     finally:
         samples = sampler.stop()
 
-    verdict = judge(samples, reserve, args.swap_tolerance_mib / 1024)
+    stopped = guard_stop(args.guard_record, env, t0_epoch)
+    verdict = judge(samples, reserve, args.swap_tolerance_mib / 1024, stopped)
+    if stopped is not None and outcome.status == "aborted":
+        outcome.status = "done"  # the requests failed because the guard stopped vLLM: a verdict
     duration = samples[-1].t - samples[0].t if len(samples) > 1 else 0.0
     phase_dicts = [r.as_dict(samples, sampler.t0) for r in stress.records if r.start_t is not None]
     result: dict[str, Any] = {

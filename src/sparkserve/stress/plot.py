@@ -68,11 +68,16 @@ def plot(
     bottom.set_xlabel("seconds since start")
     bottom.grid(alpha=0.3)
     kv = [(s.t, s.kv_usage * 100) for s in samples if s.kv_usage is not None]
+    psi = [(s.t, s.psi_full_pct) for s in samples if s.psi_full_pct is not None]
     handles, labels = bottom.get_legend_handles_labels()
-    if kv:
+    if kv or psi:
         right = bottom.twinx()
-        right.plot([k[0] for k in kv], [k[1] for k in kv], color="tab:gray", label="KV pool %")
-        right.set_ylabel("KV pool used %")
+        if kv:
+            right.plot([k[0] for k in kv], [k[1] for k in kv], color="tab:gray", label="KV pool %")
+        if psi:
+            right.plot([p[0] for p in psi], [p[1] for p in psi], color="tab:purple",
+                       linestyle=":", label="memory stall % (PSI full)")  # fmt: skip
+        right.set_ylabel("KV pool used / memory stall %")
         right.set_ylim(0, 105)
         more_h, more_l = right.get_legend_handles_labels()
         handles, labels = handles + more_h, labels + more_l

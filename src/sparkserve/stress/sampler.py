@@ -1,23 +1,28 @@
 """Host memory (and GPU memory where nvidia-smi reports it), sampled at a fixed rate.
 
-Host figures come from sparkserve.memory.host: MemAvailable, used (total - MemAvailable),
-swap used, and the swap-in/out rates from the kernel's swap
-counters. nvidia-smi is slow (tens of ms a call), so it runs in its own thread at most once a
-second; on a DGX Spark it usually says [N/A] for memory.used, and then the per-process
-figures are summed instead.
+Host figures come from sparkserve.memory.host: MemAvailable, used (total - MemAvailable), swap
+used, the swap-in/out rates from the kernel's swap counters, and memory pressure (PSI: the
+share of each interval tasks stalled on memory). They are read in a process of their own
+(host_probe.py), so load on this one cannot slow the sampling down. nvidia-smi is slow (tens
+of ms a call), so it runs in its own thread at most once a second; on a DGX Spark it usually
+says [N/A] for memory.used, and then the per-process figures are summed instead.
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
+import os
 import shutil
 import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
+from pathlib import Path
 
-from sparkserve.memory.host import GIB, MIB, read_meminfo, read_swap_traffic
+from sparkserve.memory.host import GIB, MIB, read_meminfo
 
 
 @dataclass
@@ -31,6 +36,8 @@ class Sample:
     gpu_used_gib: float | None = None
     kv_usage: float | None = None  # vllm:kv_cache_usage_perc (0..1), last seen
     phase: str = ""
+    psi_some_pct: float | None = None  # % of the interval some task stalled on memory
+    psi_full_pct: float | None = None  # % of the interval every task did
 
     def row(self) -> dict[str, object]:
         return asdict(self)
@@ -82,19 +89,32 @@ class MemorySampler:
         self._kv: float | None = None
         self._kv_probe = kv_probe
         self._phase = ""
+        self._phases: list[tuple[float, str]] = []  # (monotonic time, phase from then on)
+        self._probe: subprocess.Popen[str] | None = None
         self._stop = threading.Event()
         self._lock = threading.Lock()
         self._threads: list[threading.Thread] = []
         self.t0 = 0.0
 
     def phase(self, name: str) -> None:
+        with self._lock:
+            self._phases.append((time.monotonic(), name))
         self._phase = name
+
+    def _phase_at(self, when: float) -> str:
+        with self._lock:
+            names = [name for at, name in self._phases if at <= when]
+        return names[-1] if names else ""
 
     def now(self) -> float:
         return time.monotonic() - self.t0
 
     def start(self) -> MemorySampler:
         self.t0 = time.monotonic()
+        self._probe = subprocess.Popen(
+            [sys.executable, "-m", "sparkserve.stress.host_probe", str(self.hz)],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=_probe_env(),
+        )  # fmt: skip
         self._threads = [threading.Thread(target=self._host_loop, daemon=True, name="mem")]
         if self.nvidia_smi:
             self._threads.append(threading.Thread(target=self._gpu_loop, daemon=True))
@@ -106,6 +126,14 @@ class MemorySampler:
 
     def stop(self) -> list[Sample]:
         self._stop.set()
+        if self._probe is not None:
+            with contextlib.suppress(OSError):
+                self._probe.stdin.close()  # type: ignore[union-attr]
+            try:
+                self._probe.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                self._probe.kill()
+                self._probe.wait()
         for thread in self._threads:
             thread.join(timeout=6)
         with self._lock:
@@ -116,37 +144,25 @@ class MemorySampler:
             return list(self.samples)
 
     def _host_loop(self) -> None:
-        period = 1.0 / self.hz
-        prev = read_swap_traffic()
-        prev_t = time.monotonic()
-        tick = self.t0
-        while not self._stop.is_set():
-            now = time.monotonic()
-            memory = read_meminfo()
-            swap = read_swap_traffic()
-            dt = max(now - prev_t, 1e-6)
-            rate_in = (swap.swapped_in - prev.swapped_in) / MIB / dt
-            rate_out = (swap.swapped_out - prev.swapped_out) / MIB / dt
-            prev, prev_t = swap, now
+        """Turn the probe's lines into samples, tagged with the phase of their moment."""
+        assert self._probe is not None and self._probe.stdout is not None
+        for line in self._probe.stdout:
+            at, available, used, swap, rate_in, rate_out, psi_some, psi_full = json.loads(line)
             sample = Sample(
-                t=round(now - self.t0, 4),
-                mem_available_gib=memory.available / GIB,
-                mem_used_gib=memory.used / GIB,
-                swap_used_gib=memory.swap_used / GIB,
-                swap_in_mib_s=rate_in if self.samples else 0.0,
-                swap_out_mib_s=rate_out if self.samples else 0.0,
+                t=round(at - self.t0, 4),
+                mem_available_gib=available,
+                mem_used_gib=used,
+                swap_used_gib=swap,
+                swap_in_mib_s=rate_in,
+                swap_out_mib_s=rate_out,
                 gpu_used_gib=self._gpu,
                 kv_usage=self._kv,
-                phase=self._phase,
+                phase=self._phase_at(at),
+                psi_some_pct=psi_some,
+                psi_full_pct=psi_full,
             )
             with self._lock:
                 self.samples.append(sample)
-            # Keep to the schedule (no drift); skip ticks already missed.
-            tick += period
-            late = time.monotonic() - tick
-            if late > 0:
-                tick += period * (late // period + 1)
-            self._stop.wait(max(tick - time.monotonic(), 0.0))
 
     def _gpu_loop(self) -> None:
         assert self.nvidia_smi is not None
@@ -163,3 +179,10 @@ class MemorySampler:
             with contextlib.suppress(Exception):
                 self._kv = self._kv_probe()
             self._stop.wait(0.5)
+
+
+def _probe_env() -> dict[str, str]:
+    """This environment, with sparkserve importable by the probe however we were started."""
+    package_root = str(Path(__file__).resolve().parents[2])
+    path = os.environ.get("PYTHONPATH", "")
+    return dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (package_root, path) if p))

@@ -1,8 +1,9 @@
 """PASS or FAIL from the memory samples: pure logic, no I/O.
 
 PASS: swap used never rose above where it started (beyond a tolerance) and MemAvailable stayed
-above the OS reserve in every sample. FAIL names the worst moment: the lowest MemAvailable
-when it went under the reserve, else the highest swap.
+above the OS reserve in every sample. FAIL names the worst moment: the memory guard stopping
+vLLM during the run, else the lowest MemAvailable when it went under the reserve, else the
+highest swap.
 """
 
 from __future__ import annotations
@@ -11,6 +12,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from sparkserve.stress.sampler import Sample
+
+
+@dataclass(frozen=True)
+class GuardStop:
+    """The memory guard's record of stopping vLLM (guard.py's marker), placed in the run."""
+
+    t: float  # seconds since the sampler started
+    reason: str
 
 
 @dataclass(frozen=True)
@@ -34,13 +43,24 @@ class Verdict:
 
 
 def judge(
-    samples: Sequence[Sample], os_reserve_gib: float, swap_tolerance_gib: float = 0.0
+    samples: Sequence[Sample],
+    os_reserve_gib: float,
+    swap_tolerance_gib: float = 0.0,
+    guard_stop: GuardStop | None = None,
 ) -> Verdict:
     if not samples:
         return Verdict(False, "FAIL: no memory samples were taken", None, "", None, 0.0)
     low = min(samples, key=lambda s: s.mem_available_gib)
     high = max(samples, key=lambda s: s.swap_used_gib)
     growth = max(high.swap_used_gib - samples[0].swap_used_gib, 0.0)
+    if guard_stop is not None:
+        during = [s.phase for s in samples if s.t <= guard_stop.t][-1:] or [""]
+        at = f"during {during[0]}" if during[0] else "before the first phase"
+        line = (
+            f"FAIL: the memory guard stopped vLLM at t={guard_stop.t:.1f} s ({at}): "
+            f"{guard_stop.reason}; lowest MemAvailable {low.mem_available_gib:.2f} GiB"
+        )
+        return Verdict(False, line, guard_stop.t, during[0], low.mem_available_gib, growth)
     under = low.mem_available_gib < os_reserve_gib
     swapped = growth > swap_tolerance_gib
     where = "before the first phase" if not low.phase else f"during {low.phase}"

@@ -1,0 +1,161 @@
+"""The metrics profile, checked with the real things: the dashboard against its source (the
+foundation SDK), promtool on the config and the alert rules, Docker Compose on the profile,
+and Debian's Prometheus and node-exporter scraping a real vLLM CPU server (DFlash drafter,
+prefix caching, the memory guard) so that every dashboard panel's query returns data."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from test_image_and_compose import compose_config
+
+from sparkserve.dashboard import OUTPUT, PANELS, RATE, sync
+from sparkserve.versions import read_versions
+from support.prometheus import (
+    ALERTS,
+    METRIC_NAME,
+    PROMETHEUS_CONFIG,
+    Prometheus,
+    PrometheusError,
+    binary,
+    node_exporter,
+)
+from support.vllm_server import LOOPBACK, VllmServer, free_port
+
+REPO = Path(__file__).resolve().parents[1]
+DASHBOARD = REPO / OUTPUT
+RULE_TESTS = REPO / "tests" / "metrics" / "alerts_test.yml"
+METRICS_SERVICES = {"prometheus", "node-exporter", "grafana"}
+
+
+def dashboard_queries() -> list[tuple[str, str]]:
+    """(panel title, PromQL) for every query of the provisioned dashboard."""
+    board = json.loads(DASHBOARD.read_text())
+    return [(p["title"], t["expr"]) for p in board["panels"] for t in p["targets"]]
+
+
+def test_dashboard_matches_its_source() -> None:
+    assert not sync(REPO, check=True), "run: PYTHONPATH=src python -m sparkserve dashboard"
+    assert [title for title, _ in dashboard_queries()][:1] == [PANELS[0].title]
+    assert len(dashboard_queries()) == sum(len(p.queries) for p in PANELS)
+
+
+def test_metric_names_come_from_the_shipped_vllm() -> None:
+    """Every vllm: metric a panel or an alert reads is declared by the vLLM the image ships."""
+    spec = importlib.util.find_spec("vllm")
+    assert spec is not None and spec.origin is not None
+    package = Path(spec.origin).parent
+    shipped = read_versions(REPO / "versions.env")["VLLM_VERSION"]
+    assert f"vllm-{shipped}.dist-info" in {p.name for p in package.parent.iterdir()}
+    declared = set()
+    for source in (package / "v1").rglob("*.py"):
+        declared |= set(re.findall(r'"(vllm:[a-z_]+)"', source.read_text(errors="replace")))
+    texts = [expr for _, expr in dashboard_queries()] + [ALERTS.read_text()]
+    used = {m for text in texts for m in METRIC_NAME.findall(text) if m.startswith("vllm:")}
+    bare = {re.sub(r"_(total|bucket|sum|count)$", "", name) for name in used}
+    assert used and not bare - declared, f"not in vLLM {shipped}: {sorted(bare - declared)}"
+
+
+def test_promtool_checks_the_config_and_the_rules() -> None:
+    promtool = binary("promtool")
+    for argv in (
+        ["check", "config", str(PROMETHEUS_CONFIG)],
+        ["check", "rules", str(ALERTS)],
+        ["test", "rules", str(RULE_TESTS)],
+    ):
+        done = subprocess.run([promtool, *argv], capture_output=True, text=True, timeout=120)
+        assert done.returncode == 0, f"promtool {' '.join(argv)}:\n{done.stdout}{done.stderr}"
+        assert "SUCCESS" in done.stdout + done.stderr
+
+
+def test_every_alert_has_a_rule_test_and_a_runbook() -> None:
+    alerts = set(re.findall(r"- alert: (\w+)", ALERTS.read_text()))
+    tested = set(re.findall(r"alertname: (\w+)", RULE_TESTS.read_text()))
+    assert alerts and alerts == tested
+    docs = (REPO / "docs" / "METRICS.md").read_text()
+    for alert in alerts:
+        assert f"### {alert}" in docs, alert
+
+
+def test_compose_metrics_profile_is_pinned_local_and_off_by_default(tmp_path: Path) -> None:
+    (tmp_path / "docker-compose.yml").write_text((REPO / "docker-compose.yml").read_text())
+    assert not METRICS_SERVICES & set(compose_config(tmp_path)["services"])
+    services = compose_config(tmp_path, None, "--profile", "metrics")["services"]
+    assert set(services) >= METRICS_SERVICES
+    for name in METRICS_SERVICES:
+        service = services[name]
+        image, _, tag = service["image"].rpartition(":")
+        assert image in ("prom/prometheus", "prom/node-exporter", "grafana/grafana"), image
+        assert re.fullmatch(r"v?\d+\.\d+\.\d+", tag), f"{name}: pin a release, not {tag!r}"
+        assert service["network_mode"] == "host" and "ports" not in service
+        listen = " ".join(service.get("command") or []) + json.dumps(service.get("environment"))
+        assert "127.0.0.1" in listen and "0.0.0.0" not in listen, name
+        for volume in service["volumes"]:
+            source = volume["source"]
+            if volume["type"] == "bind" and source != "/":
+                assert volume["read_only"], f"{name}: mount {source} read-only"
+                repo_path = Path(source).relative_to(tmp_path)
+                assert (REPO / repo_path).exists(), f"{name} mounts a missing {repo_path}"
+
+
+# ---------------------------------------------------------------- Prometheus for real
+
+
+def test_a_wrong_target_and_a_missing_metric_are_named(tmp_path: Path) -> None:
+    """Nothing listens at the vllm target: the wait names it and why; a query over a metric
+    that does not exist is reported by name, not as an empty panel."""
+    nothing = f"{LOOPBACK}:{free_port()}"
+    textfiles = tmp_path / "textfiles"
+    textfiles.mkdir()
+    exporter, node_port = node_exporter(tmp_path, textfiles)
+    prometheus = Prometheus(tmp_path, {"vllm": nothing, "node": f"{LOOPBACK}:{node_port}"})
+    with exporter, prometheus.run():
+        with pytest.raises(PrometheusError) as info:
+            prometheus.wait_targets_up(timeout_s=6)
+        message = str(info.value)
+        assert f"job vllm at http://{nothing}/metrics is down" in message
+        assert "connection refused" in message and "job node" not in message
+        assert prometheus.missing_metrics("rate(vllm:no_such_metric_total[1m])") == [
+            "vllm:no_such_metric_total"
+        ]
+        assert prometheus.missing_metrics("node_memory_MemAvailable_bytes") == []
+
+
+@pytest.mark.e2e
+def test_every_panel_has_data_after_a_bench(shared_server: VllmServer, tmp_path: Path) -> None:
+    assert shared_server.env is not None
+    textfiles = Path(shared_server.env["HF_HOME"]) / "sparkserve" / "metrics"
+    exporter, node_port = node_exporter(tmp_path, textfiles)
+    targets = {"vllm": f"{LOOPBACK}:{shared_server.port}", "node": f"{LOOPBACK}:{node_port}"}
+    prometheus = Prometheus(tmp_path, targets)
+    with exporter, prometheus.run():
+        prometheus.wait_targets_up()
+        guard = prometheus.values("sparkserve_guard_watching")
+        assert guard == [1.0], f"the launcher's guard writes no state into {textfiles}"
+        bench = subprocess.run(
+            [sys.executable, "-m", "sparkserve", "bench", "--url", shared_server.base_url,
+             "--out", str(tmp_path / "bench"), "--concurrency", "1", "--kinds", "prose",
+             "--gen-tokens", "24", "--prefix-tokens", "1200", "--ttft-rounds", "1"],
+            capture_output=True, text=True, timeout=300,
+        )  # fmt: skip
+        assert bench.returncode == 0, bench.stderr
+        time.sleep(3)  # a few scrapes after the last request
+        window = f"{int(time.monotonic() - prometheus.started) + 5}s"  # covers the whole bench
+        empty = []
+        for title, expr in dashboard_queries():
+            query = expr.replace(RATE, window)
+            if not prometheus.values(query):
+                missing = prometheus.missing_metrics(query)
+                why = f"no series of {', '.join(missing)}" if missing else "no finite value"
+                empty.append(f"{title!r}: {query} -> {why}")
+        unhealthy = [f"{r['name']}: {r.get('lastError')}" for r in prometheus.rules()
+                     if r["health"] != "ok"]  # fmt: skip
+    assert not empty, "panels without data:\n" + "\n".join(empty)
+    assert not unhealthy, "rules that do not evaluate:\n" + "\n".join(unhealthy)
