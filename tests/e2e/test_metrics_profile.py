@@ -29,7 +29,7 @@ from support.prometheus import (
 )
 from support.vllm_server import LOOPBACK, VllmServer, free_port
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 DASHBOARD = REPO / OUTPUT
 RULE_TESTS = REPO / "tests" / "metrics" / "alerts_test.yml"
 METRICS_SERVICES = {"prometheus", "node-exporter", "grafana"}
