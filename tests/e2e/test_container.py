@@ -61,12 +61,6 @@ pytestmark = pytest.mark.skipif(
 )
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def listening(port: int) -> bool:
     with socket.socket() as s:
         s.settimeout(1)
@@ -112,7 +106,7 @@ def project(
         # The registry's parsers (Qwen3.5's), not the cpu image's Qwen3 ones: the tiny
         # tokenizer carries the tokens they look for.
         TOOL_PARSER="qwen3_xml", REASONING_PARSER="qwen3",
-        HF_OFFLINE="1", API_KEY=API_KEY, PORT=str(free_port()), OS_RESERVE_GB="4",
+        HF_OFFLINE="1", API_KEY=API_KEY, OS_RESERVE_GB="4",
     )  # fmt: skip
     project.remove()
     hub = project.volume_path("hf-cache") / "hub"
@@ -151,7 +145,7 @@ def guard_record(project: ComposeProject) -> Path:
 
 def test_1_bad_knob_exits_with_one_line_and_nothing_listens(project: ComposeProject) -> None:
     project.write_env(GPU_MEM="2")
-    project.compose("up", "-d", SERVICE)
+    project.up(SERVICE)
     log = project.wait_for_log(SERVICE, "GPU_MEM='2'", timeout_s=120)
     errors = [line for line in log.splitlines() if "GPU_MEM='2'" in line]
     assert errors[0] == "serve.sh: GPU_MEM='2': must be a number from 0.1 to 0.95", log
@@ -165,7 +159,7 @@ def test_1_bad_knob_exits_with_one_line_and_nothing_listens(project: ComposeProj
 
 def test_1b_a_model_missing_offline_exits_with_one_line(project: ComposeProject) -> None:
     project.write_env(MODEL="sparkserve-test/absent")
-    project.compose("up", "-d", SERVICE)
+    project.up(SERVICE)
     expected = "serve.sh: MODEL=sparkserve-test/absent: HF_OFFLINE=1 and it is not in the cache"
     log = project.wait_for_log(SERVICE, expected, timeout_s=120)
     assert "starting vLLM" not in log
@@ -179,7 +173,7 @@ def test_1b_a_model_missing_offline_exits_with_one_line(project: ComposeProject)
 
 def test_2_serves_the_api_from_the_cached_model(project: ComposeProject, tmp_path: Path) -> None:
     started = time.monotonic()
-    project.compose("up", "-d", SERVICE)
+    project.up(SERVICE)
     project.wait_healthy(SERVICE, HEALTHY_TIMEOUT_S)
     TIMINGS["up_to_healthy_first_s"] = time.monotonic() - started
     log = project.logs(SERVICE)
@@ -271,14 +265,14 @@ def test_3_guard_trip_leaves_a_record_and_the_next_start_refuses(
     project: ComposeProject,
 ) -> None:
     project.write_env(GUARD_FLOOR_GB="64")  # more than this machine has: trips at once
-    project.compose("up", "-d", SERVICE)
+    project.up(SERVICE)
     log = project.wait_for_log(SERVICE, "the next start refuses until GUARD_RESUME=1", 240)
     assert guard_record(project).is_file(), log
     assert "floor" in guard_record(project).read_text()
     project.down()
 
     project.write_env(GUARD_FLOOR_GB="")
-    project.compose("up", "-d", SERVICE)
+    project.up(SERVICE)
     log = project.wait_for_log(SERVICE, "the memory guard stopped vLLM last time", 120)
     refusals = {x for x in log.splitlines() if "the memory guard stopped vLLM last time" in x}
     (line,) = refusals  # one line, the same on every start the engine retried
@@ -293,7 +287,7 @@ def test_4_guard_resume_is_used_once_and_the_warm_start_is_faster(
 ) -> None:
     project.write_env(GUARD_FLOOR_GB="", GUARD_RESUME="1")
     started = time.monotonic()
-    project.compose("up", "-d", SERVICE)
+    project.up(SERVICE)
     project.wait_healthy(SERVICE, HEALTHY_TIMEOUT_S)
     TIMINGS["up_to_healthy_warm_s"] = time.monotonic() - started
     log = project.logs(SERVICE)
