@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import socket
 import subprocess
 import time
 from dataclasses import dataclass, field
@@ -19,6 +20,12 @@ from pathlib import Path
 import yaml
 
 REPO = Path(__file__).resolve().parents[2]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
 
 
 class ComposeError(RuntimeError):
@@ -67,6 +74,12 @@ class ComposeProject:
         if done.returncode != 0:
             raise ComposeError(f"podman-compose {' '.join(args)}: {done.stderr.strip()[-2000:]}")
         return done
+
+    def up(self, service: str) -> None:
+        """`up -d SERVICE` on a port free right now (PORT in .env): the suite runs other
+        servers, and a port picked minutes earlier may be taken by then."""
+        self.write_env(PORT=str(free_port()))
+        self.compose("up", "-d", service)
 
     def volume(self, name: str) -> str:
         return f"{self.name}_{name}"
