@@ -42,10 +42,11 @@ usage_error() {
   exit 2
 }
 
-# --- the mount namespace side: runs as `SELF __chroot ROOTFS STACK STUB PROBES -- CMD...` ---
+# --- the mount namespace side: `SELF __chroot ROOTFS STACK STUB PROBES -- CMD...` (also by hand,
+# to rerun one probe: it re-enters itself through unshare, so it never mounts on the host) ---
 
 inside_cleanup() {
-  local root="$1"
+  local root="$1" fake="$2"
   local target
   for target in sys/devices/system/cpu sys proc/cpuinfo proc dev opt/probes opt/cuda-stub \
     opt/stack; do
@@ -53,6 +54,7 @@ inside_cleanup() {
       umount -R "${root}/${target}" || umount -l "${root}/${target}" || true
     fi
   done
+  rm -rf "${fake}"
 }
 
 # An aarch64 /proc/cpuinfo and cpu sysfs tree (Cortex-X925 ids, one entry per host CPU): torch's
@@ -93,14 +95,14 @@ inside_binfmt() {
 inside_chroot() {
   local root="$1" stack="$2" stub="$3" probes="$4"
   shift 5 # the fifth argument is the `--` before the command
-  trap 'inside_cleanup "'"${root}"'"' EXIT
+  local fake
+  fake="$(mktemp -d)"
+  trap 'inside_cleanup "'"${root}"'" "'"${fake}"'"' EXIT
   inside_binfmt
   if [[ "${stack}" == - ]]; then # debootstrap's second stage mounts what it needs itself
     chroot "${root}" "$@"
     return
   fi
-  local fake
-  fake="$(mktemp -d)"
   write_fake_cpu "${fake}" "$(nproc)"
   mkdir -p "${root}/opt/stack" "${root}/opt/cuda-stub" "${root}/opt/probes"
   mount --rbind /dev "${root}/dev"
@@ -118,7 +120,8 @@ inside_chroot() {
 # Runs CMD... in the chroot from a private mount namespace: whatever happens, nothing stays
 # mounted on the host (the namespace dies with the command; its EXIT trap unmounts first).
 in_chroot() {
-  unshare --mount --propagation private -- "${SELF}" __chroot "$@"
+  unshare --mount --propagation private -- env SPARKSERVE_AARCH64_PRIVATE_NS=1 \
+    "${SELF}" __chroot "$@"
 }
 
 # --- the host side ---
@@ -208,24 +211,28 @@ check_native() {
 write_cp311_lock() {
   local out="$1"
   local name version replaced=() subst=()
-  local probe_in probe_out
-  probe_in="$(mktemp)"
-  probe_out="$(mktemp)"
+  local probe_in="${SCRATCH}/cp311-probe.in" probe_err="${SCRATCH}/cp311-probe.err"
+  # uv reads an existing --output-file as preferred pins: this one must start absent.
+  local probe_out="${SCRATCH}/cp311-substitutes.txt"
   for name in "${CP311_CANDIDATES[@]}"; do
     version="$(lock_version "${name}")"
     [[ -n "${version}" ]] || continue
     printf '%s==%s\n' "${name}" "${version}" >"${probe_in}"
     if "${UV}" pip compile --quiet --no-config --no-deps --only-binary :all: \
       --python-platform "${CHROOT_PLATFORM}" --python-version "${CHROOT_PYTHON}" \
-      --output-file /dev/null "${probe_in}" 2>/dev/null; then
+      --output-file /dev/null "${probe_in}" 2>"${probe_err}"; then
       continue
+    fi
+    # Only "no solution" means no cp311 wheel; anything else (network, index) is an error.
+    if ! grep -q 'No solution found' "${probe_err}"; then
+      cat "${probe_err}" >&2
+      return 1
     fi
     replaced+=("${name}")
     subst+=("${name}<${version}")
   done
   if ((${#replaced[@]} == 0)); then
     cp "${LOCK}" "${out}"
-    rm -f "${probe_in}" "${probe_out}"
     return
   fi
   printf '%s\n' "${subst[@]}" >"${probe_in}"
@@ -241,7 +248,6 @@ write_cp311_lock() {
       "$(lock_version "${name}")" "$(grep -i "^${name}==" "${probe_out}" | cut -d' ' -f1)" \
       "${CHROOT_PYTHON/./}"
   done
-  rm -f "${probe_in}" "${probe_out}"
 }
 
 default_mirror() {
@@ -319,6 +325,7 @@ probe() {
   out="$(in_chroot "${ROOTFS}" "${STACK}" "${CUDA_STUB}" "${LIB}" -- \
     env SPARKSERVE_SUBSTITUTED="${substituted}" python3 /opt/probes/aarch64_probe.py "${name}" \
     2>"${SCRATCH}/probe-${name}.log")" || {
+    tail -n 20 "${SCRATCH}/probe-${name}.log" >&2
     DETAIL="$(tail -n1 <<<"${out}")"
     [[ -n "${DETAIL}" ]] || DETAIL="$(tail -n3 "${SCRATCH}/probe-${name}.log" | tr '\n' ' ')"
     return 1
@@ -401,7 +408,7 @@ skip_checks() {
 write_report() {
   local out="$1" started_at="$2"
   python3 - "${SCRATCH}/results.tsv" "${out}" <<PY
-import json, platform, subprocess, sys
+import json, platform, shutil, subprocess, sys
 checks = []
 for line in open(sys.argv[1]):
     name, status, seconds, detail = line.rstrip("\n").split("\t", 3)
@@ -410,12 +417,15 @@ for line in open(sys.argv[1]):
     except ValueError:
         pass
     checks.append({"check": name, "status": status, "seconds": int(seconds), "detail": detail})
-qemu = subprocess.run(["qemu-aarch64-static", "--version"], capture_output=True, text=True)
+qemu = shutil.which("qemu-aarch64-static")
+if qemu:
+    qemu = subprocess.run([qemu, "--version"], capture_output=True, text=True).stdout
+    qemu = qemu.splitlines()[0] if qemu else None
 report = {
     "what": "the Spark image's Python stack for linux/aarch64 (scripts/check_aarch64_stack.sh)",
     "started_utc": "${started_at}",
     "host": {"machine": platform.machine(), "kernel": platform.release(),
-             "qemu": qemu.stdout.splitlines()[0] if qemu.returncode == 0 else None},
+             "qemu": qemu},
     "lock": {"path": "${LOCK_NAME}", "sha256": "${LOCK_SHA}", "pins": ${PIN_COUNT},
              "torch": "$(lock_version torch)", "vllm": "$(lock_version vllm)"},
     "native": {"platform": "${SPARK_PLATFORM}", "python": "${SPARK_PYTHON}"},
@@ -475,7 +485,11 @@ main() {
   if [[ "${1:-}" == __chroot ]]; then
     shift
     # exit, not return: the namespace side outlives edits of this file made during a run
-    inside_chroot "$@"
+    if [[ "${SPARKSERVE_AARCH64_PRIVATE_NS:-}" == 1 ]]; then
+      inside_chroot "$@"
+    else
+      in_chroot "$@"
+    fi
     exit 0
   fi
   parse_args "$@"
