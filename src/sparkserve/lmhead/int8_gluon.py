@@ -23,6 +23,8 @@ from typing import Any
 
 import torch
 
+from .launch import launch_rows_kernel
+
 try:
     from triton.experimental import gluon
     from triton.experimental.gluon import language as gl
@@ -163,22 +165,10 @@ def gluon_int8_linear(
     if bias is not None:
         bias = bias.contiguous()
     grid = ((n + cfg.block_n - 1) // cfg.block_n,)
-    with torch.cuda.device(x2.device):
-        return _int8_gluon_kernel[grid](
-            x2,
-            w_int8,
-            scale,
-            bias if bias is not None else scale,
-            out,
-            m,
-            n,
-            k,
-            x2.stride(0),
-            w_int8.stride(0),
-            out.stride(0),
-            **launch_constexprs(m, cfg, bias is not None),
-            num_warps=cfg.num_warps,
-        )
+    return launch_rows_kernel(
+        _int8_gluon_kernel, grid, x2, w_int8, scale, bias, out, m, n, k, cfg.num_warps,
+        **launch_constexprs(m, cfg, bias is not None),
+    )  # fmt: skip
 
 
 if HAS_GLUON:

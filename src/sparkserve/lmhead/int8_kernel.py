@@ -38,6 +38,7 @@ from typing import Any
 import torch
 
 from . import layout
+from .launch import launch_rows_kernel
 
 try:  # Triton is optional: the torch path covers machines without it.
     import triton
@@ -491,23 +492,10 @@ def _launch_fitted(kernel, grid, x2, w_int8, scale, bias, out, m, n, k, cfg, con
 
 
 def _launch(kernel, grid, x2, w_int8, scale, bias, out, m, n, k, cfg, constexprs):
-    with torch.cuda.device(x2.device):
-        return kernel[grid](
-            x2,
-            w_int8,
-            scale,
-            bias if bias is not None else scale,
-            out,
-            m,
-            n,
-            k,
-            x2.stride(0),
-            w_int8.stride(0),
-            out.stride(0),
-            num_warps=cfg.num_warps,
-            num_stages=cfg.num_stages,
-            **constexprs,
-        )
+    return launch_rows_kernel(
+        kernel, grid, x2, w_int8, scale, bias, out, m, n, k, cfg.num_warps,
+        num_stages=cfg.num_stages, **constexprs,
+    )  # fmt: skip
 
 
 if HAS_TRITON:
