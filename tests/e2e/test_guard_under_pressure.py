@@ -122,11 +122,20 @@ def test_guard_stops_a_real_server_under_memory_pressure(
     assert "API server: engine client stopped" in log
     assert json.loads(record.read_text())["reason"].startswith("MemAvailable")
     print("stress:", verdict.strip())
-    assert stress.returncode == 1, verdict + stress_err
-    assert verdict.startswith("FAIL: the memory guard stopped vLLM at t=")
-    assert "(during c=" in verdict and "fell below the floor" in verdict
     result = json.loads((tmp_path / "stress" / "stress.json").read_text())
-    assert result["status"] == "FAIL" and "requests failed during c=" in (result["error"] or "")
+    last_phase_end = max(phase["end_t"] or 0.0 for phase in result["phases"])
+    stopped_at = json.loads(record.read_text())["at"] - result["t0_epoch"]
+    if stopped_at <= last_phase_end:
+        # The guard stopped vLLM while the run was loading it: the verdict must say so.
+        assert stress.returncode == 1, verdict + stress_err
+        assert verdict.startswith("FAIL: the memory guard stopped vLLM at t=")
+        assert "(during c=" in verdict and "fell below the floor" in verdict
+        assert result["status"] == "FAIL" and "requests failed during c=" in (result["error"] or "")
+    else:
+        # On two busy cores the hog can be slower than the whole run (its pages arrived over
+        # 25 s to 2 min in CI runs): the run then ended before the stop and must have passed.
+        print(f"the guard stopped vLLM at t={stopped_at:.1f} s, after the run's last phase")
+        assert stress.returncode == 0 and verdict.startswith("PASS"), verdict + stress_err
     deadline = time.monotonic() + 3
     while any(_running(p) for p in guard_pids) and time.monotonic() < deadline:
         time.sleep(0.1)
