@@ -30,6 +30,12 @@ from support.vllm_server import VllmServer
 HERE = Path(__file__).resolve().parent
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The container test first: it starts its own servers in podman, and on two cores it
+    should not share them with the session's servers (which start with their first user)."""
+    items.sort(key=lambda item: "tests/e2e/test_container.py" not in item.nodeid)
+
+
 @pytest.fixture(scope="session")
 def cpu_venv_python() -> str:
     python = cpu_python()

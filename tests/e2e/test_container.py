@@ -261,7 +261,8 @@ def test_2_serves_the_api_from_the_cached_model(project: ComposeProject, tmp_pat
 
     bench = subprocess.run(
         [str(REPO / "scripts" / "bench.sh"), "--out", str(tmp_path / "bench"),
-         "--concurrency", "1,2", "--gen-tokens", "16", "--ttft-rounds", "0"],
+         "--concurrency", "1,2", "--gen-tokens", "16", "--prefix-tokens", "600",
+         "--ttft-rounds", "0"],
         capture_output=True, text=True, timeout=600, env=env,
     )  # fmt: skip
     assert bench.returncode == 0, bench.stderr[-3000:] + project.logs(SERVICE)[-6000:]

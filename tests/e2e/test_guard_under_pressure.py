@@ -129,8 +129,8 @@ def test_guard_stops_a_real_server_under_memory_pressure(
         # The guard stopped vLLM while the run was loading it: the verdict must say so.
         assert stress.returncode == 1, verdict + stress_err
         assert verdict.startswith("FAIL: the memory guard stopped vLLM at t=")
-        assert "(during c=" in verdict and "fell below the floor" in verdict
-        assert result["status"] == "FAIL" and "requests failed during c=" in (result["error"] or "")
+        assert "(during " in verdict and "fell below the floor" in verdict  # a level, or idle
+        assert result["status"] == "FAIL"
     else:
         # On two busy cores the hog can be slower than the whole run (its pages arrived over
         # 25 s to 2 min in CI runs): the run then ended before the stop and must have passed.
