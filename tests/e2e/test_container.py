@@ -11,8 +11,8 @@ One project, started several times on one model-cache volume holding a tiny hybr
   3. a guard trip (a floor above what the machine has): the record lands on the volume and
      the next start refuses (podman here applies no restart policy: the test starts it);
   4. GUARD_RESUME=1 in a recreated container: it clears the record once, starts from the
-     cached model and compile cache (timed against 2), and a restart of that same container
-     refuses a record written later.
+     cached model and compile cache (timed against 2), and the same container's entrypoint,
+     run again as a restart would, refuses a record written later.
 
 What this proves about Docker Compose on a Spark, and what it cannot (podman differs):
   - podman runs no healthcheck on its own (no systemd here): the test runs the image's check

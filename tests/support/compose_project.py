@@ -11,7 +11,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import socket
 import subprocess
 import time
 from dataclasses import dataclass, field
@@ -19,13 +18,9 @@ from pathlib import Path
 
 import yaml
 
+from support.vllm_server import free_port
+
 REPO = Path(__file__).resolve().parents[2]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 class ComposeError(RuntimeError):
