@@ -19,7 +19,8 @@ common_vllm_args
 
 # 3. The model's MTP layer drafts NUM_SPEC_TOKENS tokens per step.
 if (( NUM_SPEC_TOKENS > 0 )); then
-  VLLM_ARGS+=(--speculative-config "{\"method\":\"mtp\",\"num_speculative_tokens\":${NUM_SPEC_TOKENS}}")
+  speculative="{\"method\":\"mtp\",\"num_speculative_tokens\":${NUM_SPEC_TOKENS}"
+  VLLM_ARGS+=(--speculative-config "${speculative}${WORKAROUND_SPECULATIVE_FIELDS}}")
 fi
 
 # 4. Anything else the user asked for, then hand the process over to vLLM.

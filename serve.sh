@@ -24,12 +24,7 @@ if (( NUM_SPEC_TOKENS > 0 )); then
   if [[ -n "${DRAFT_ATTENTION_BACKEND}" ]]; then
     speculative+=",\"attention_backend\":\"${DRAFT_ATTENTION_BACKEND}\""
   fi
-  if [[ "${WORKAROUND_DISABLE_EAGLE_BLOCK_DROP}" == 1 ]]; then
-    printf '%s: vLLM %s: %s\n' "${PROG}" "${VLLM_FOUND_VERSION}" \
-      "${WORKAROUND_DISABLE_EAGLE_BLOCK_DROP_REASON}" >&2
-    speculative+=",\"disable_eagle_block_drop\":true"
-  fi
-  VLLM_ARGS+=(--speculative-config "${speculative}}")
+  VLLM_ARGS+=(--speculative-config "${speculative}${WORKAROUND_SPECULATIVE_FIELDS}}")
 fi
 
 # 4. Anything else the user asked for, then hand the process over to vLLM.

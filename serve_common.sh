@@ -44,11 +44,6 @@ common_vllm_args() {
   fi
   if [[ "${PREFIX_CACHE}" == 1 ]]; then
     VLLM_ARGS+=(--enable-prefix-caching)
-    if [[ "${WORKAROUND_MAMBA_ALIGN_FLAG}" == 1 ]]; then
-      printf '%s: vLLM %s: %s\n' "${PROG}" "${VLLM_FOUND_VERSION}" \
-        "${WORKAROUND_MAMBA_ALIGN_FLAG_REASON}" >&2
-      VLLM_ARGS+=(--mamba-cache-mode align)
-    fi
   else
     VLLM_ARGS+=(--no-enable-prefix-caching)
   fi
@@ -58,6 +53,18 @@ common_vllm_args() {
   if [[ -n "${REASONING_PARSER}" ]]; then
     VLLM_ARGS+=(--reasoning-parser "${REASONING_PARSER}")
   fi
+  apply_workarounds
+}
+
+# apply_workarounds: the arguments the installed vLLM's known bugs call for (the registry in
+# src/sparkserve/workarounds.py decides; WORKAROUND_SPECULATIVE_FIELDS goes into the
+# launcher's speculative config), each announced with its reason.
+apply_workarounds() {
+  local note
+  for note in "${WORKAROUND_NOTES[@]}"; do
+    printf '%s: vLLM %s: %s\n' "${PROG}" "${VLLM_FOUND_VERSION}" "${note}" >&2
+  done
+  VLLM_ARGS+=("${WORKAROUND_ARGV[@]}")
 }
 
 # append_extra_args: EXTRA_ARGS, split as a shell would (quotes respected, nothing expanded)

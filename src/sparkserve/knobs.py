@@ -257,6 +257,40 @@ KNOBS: tuple[Knob, ...] = (
          pattern=_HOSTNAME,
          why="Host address compose publishes the API on; 0.0.0.0 opens it to your network "
              "(set API_KEY first)."),
+    # Two Sparks (docs/CLUSTER.md): one model split across a head and a worker
+    Knob("CLUSTER_NODES", "int", "1", minimum=1, maximum=2, group="cluster",
+         why="Machines that serve the model together: 1 is one Spark; 2 splits it over two "
+             "Sparks linked through their ConnectX-7 ports, on vLLM's native multi-node "
+             "engine."),
+    Knob("CLUSTER_RANK", "int", "0", minimum=0, maximum=1, group="cluster",
+         why="This machine's place in a pair: 0 is the head (serves the API), 1 the worker "
+             "(headless: it only runs its share of the model)."),
+    Knob("CLUSTER_HEAD_ADDR", "text", "", group="cluster", empty_ok=True,
+         pattern=r"(\d{1,3}\.){3}\d{1,3}",
+         why="The head's IPv4 address on the link, the same on both machines; required "
+             "with CLUSTER_NODES=2."),
+    Knob("CLUSTER_IFACE", "text", "", group="cluster", empty_ok=True,
+         pattern=r"[A-Za-z0-9_.:-]{1,15}",
+         why="This machine's network interface on the link (a ConnectX-7 port); required "
+             "with CLUSTER_NODES=2. Gloo and NCCL are told to use it."),
+    Knob("CLUSTER_LAYOUT", "choice", "tp", group="cluster", choices=("tp", "pp"),
+         why="How the model is split: tp (tensor parallel: every layer on both, an "
+             "all-reduce per layer over the link) or pp (pipeline parallel: half the layers "
+             "each, one hand-over per step; less traffic, no decode speed-up)."),
+    Knob("CLUSTER_PORT", "int", "29501", minimum=1024, maximum=65535, group="cluster",
+         why="The head's rendezvous port for vLLM's engine (torch.distributed; vLLM's "
+             "--master-port default)."),
+    Knob("CLUSTER_WATCH_PORT", "int", "29510", minimum=1024, maximum=65535,
+         group="cluster",
+         why="Port of the pair watch: each node's heartbeat to the other, so that a "
+             "failure on either machine stops both instead of leaving one hanging."),
+    Knob("CLUSTER_PEER_TIMEOUT_S", "float", "5", minimum=2, maximum=60, group="cluster",
+         why="Seconds without a heartbeat after which the peer counts as lost and this node "
+             "stops; with vLLM's shutdown grace it bounds how long a failed pair lingers."),
+    Knob("CLUSTER_JOIN_TIMEOUT_S", "float", "600", minimum=10, maximum=3600,
+         group="cluster",
+         why="Seconds each node waits for the other to come up (the two are started by "
+             "hand) before it gives up with one line."),
     # Launcher behaviour
     Knob("EXTRA_ARGS", "text", "", group="launcher", empty_ok=True, shell_words=True,
          why="More `vllm serve` arguments, split like a shell would, appended last."),
@@ -270,6 +304,7 @@ GROUP_TITLES = {
     "model": "Model and speculative decoding",
     "memory": "Memory and limits",
     "network": "Network, access and caches",
+    "cluster": "Two Sparks (docs/CLUSTER.md)",
     "launcher": "Launcher behaviour",
 }
 

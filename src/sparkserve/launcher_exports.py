@@ -8,8 +8,9 @@ naming the knob, the value and what is allowed, and exits 2 (the launcher then s
 
 Besides the knobs it exports VLLM_FOUND_VERSION, MEM_TOTAL_GIB, GUARD_MARKER (the guard's
 record of a stop), for each workaround WORKAROUND_<NAME> (1: apply) and its _REASON, and what
-the applying ones add: WORKAROUND_ARGV (a bash array of `vllm serve` arguments) and
-WORKAROUND_SPECULATIVE_FIELDS (`,"key":value` text for the speculative config's JSON).
+the applying ones add: WORKAROUND_ARGV (a bash array of `vllm serve` arguments),
+WORKAROUND_SPECULATIVE_FIELDS (`,"key":value` text for the speculative config's JSON) and
+WORKAROUND_NOTES (a bash array: each one's reason, for the launcher to print).
 """
 
 from __future__ import annotations
@@ -55,12 +56,14 @@ def exports(env: Mapping[str, str], launcher: Launcher, total_bytes: int) -> lis
         "GUARD_METRICS_DIR": str(metrics_dir(values["HF_HOME"])),
     }
     argv: list[str] = []
+    notes: list[str] = []
     speculative = ""
     for workaround in WORKAROUNDS:
         applies = workaround.applies(vllm_version, launcher, values["PREFIX_CACHE"] == "1")
         derived[workaround.env] = "1" if applies else "0"
         derived[f"{workaround.env}_REASON"] = workaround.reason
         if applies:
+            notes.append(workaround.reason)
             argv += workaround.vllm_args
             speculative += workaround.speculative_json()
     derived["WORKAROUND_SPECULATIVE_FIELDS"] = speculative
@@ -68,6 +71,7 @@ def exports(env: Mapping[str, str], launcher: Launcher, total_bytes: int) -> lis
     lines = [f"export {k}={shell_quote(v)}" for k, v in values.items() if k not in secret]
     lines += [f"export {k}={shell_quote(v)}" for k, v in derived.items()]
     lines.append(bash_array("WORKAROUND_ARGV", argv))
+    lines.append(bash_array("WORKAROUND_NOTES", notes))
     # EXTRA_ARGS as a bash array, split here once so the launcher never re-parses it
     lines.append(bash_array("EXTRA_ARGV", shlex.split(values.get("EXTRA_ARGS", ""))))
     return lines
