@@ -1,0 +1,59 @@
+"""The pair's line protocol over a real socket pair."""
+
+from __future__ import annotations
+
+import socket
+import threading
+
+import pytest
+
+from sparkserve.cluster.wire import LineReader, WireError, decode, encode, request, send
+
+
+def test_messages_cross_a_socket_whole_and_in_order() -> None:
+    left, right = socket.socketpair()
+    with left, right:
+        send(left, {"kind": "beat", "memory": {"available_gib": 3.5}})
+        left.sendall(encode({"kind": "bye", "reason": "done"})[:5])
+        reader = LineReader(right)
+        assert reader.receive(1.0) == {"kind": "beat", "memory": {"available_gib": 3.5}}
+        left.sendall(encode({"kind": "bye", "reason": "done"})[5:])
+        assert reader.receive(1.0) == {"kind": "bye", "reason": "done"}
+
+
+def test_silence_a_close_and_foreign_bytes_are_errors() -> None:
+    left, right = socket.socketpair()
+    with right:
+        reader = LineReader(right)
+        with pytest.raises(WireError, match=r"no message for 0\.2 s"):
+            reader.receive(0.2)
+        left.sendall(b"GET / HTTP/1.1\r\n")
+        with pytest.raises(WireError, match="not a sparkserve message"):
+            reader.receive(1.0)
+        left.close()
+        with pytest.raises(WireError, match="closed"):
+            reader.receive(1.0)
+    with pytest.raises(WireError):
+        decode(b'{"no": "kind"}')
+
+
+def test_request_gets_the_one_reply() -> None:
+    server = socket.create_server(("127.0.0.1", 0))
+    port = server.getsockname()[1]
+
+    def answer() -> None:
+        connection, _ = server.accept()
+        with connection:
+            asked = LineReader(connection).receive(2.0)
+            send(connection, {"kind": "about", "asked": asked["kind"]})
+
+    thread = threading.Thread(target=answer)
+    thread.start()
+    try:
+        assert request("127.0.0.1", port, {"kind": "probe"}, 2.0) == {
+            "kind": "about",
+            "asked": "probe",
+        }
+    finally:
+        thread.join()
+        server.close()
