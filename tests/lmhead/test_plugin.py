@@ -96,6 +96,7 @@ def test_convert_stores_the_layout_it_picks(monkeypatch: pytest.MonkeyPatch) -> 
         ("tied", "tied to the input embedding"),
         ("quantised", "already quantised"),
         ("no-head", "no lm_head"),
+        ("pipeline-stage", "this pipeline stage holds no lm_head"),
     ],
 )
 def test_heads_it_must_not_touch_stay_bf16(
@@ -109,7 +110,11 @@ def test_heads_it_must_not_touch_stay_bf16(
     if setup == "no-head":
         del model.lm_head
         model.lm_head = None
-    weight = None if setup == "no-head" else model.lm_head.weight
+    if setup == "pipeline-stage":  # an early stage of a pipeline-parallel model
+        utils = pytest.importorskip("vllm.model_executor.models.utils")
+        del model.lm_head
+        model.lm_head = utils.PPMissingLayer()
+    weight = None if setup in ("no-head", "pipeline-stage") else model.lm_head.weight
     report = plugin.convert_model(model)
     assert report.path == "bf16" and reason in report.reason
     if weight is not None:

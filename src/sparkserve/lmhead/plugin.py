@@ -180,6 +180,9 @@ def convert_model(
     head = getattr(model, "lm_head", None)
     if head is None:
         return HeadReport(path="bf16", reason="the model has no lm_head")
+    if not hasattr(head, "quant_method"):
+        # vLLM's PPMissingLayer: with pipeline parallelism only the last stage holds the head
+        return HeadReport(path="bf16", reason="this pipeline stage holds no lm_head")
     if isinstance(head.quant_method, Int8HeadMethod):
         return HeadReport(path="int8", reason="already converted")
     weight = getattr(head, "weight", None)
