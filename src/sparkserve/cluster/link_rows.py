@@ -79,8 +79,9 @@ def link_rows(values: Mapping[str, str], spark: bool) -> tuple[list[Check], Link
         except AddressError as error:
             rows.append(Check("link addresses", "blocker", str(error)))
         else:
-            role = "head" if rank == "0" else "worker"
-            detail = f"{role} {mine.ip} on {iface} ({mine.network}); head {head}"
+            detail = f"{mine.ip} on {iface} ({mine.network}): " + (
+                "the head's address" if rank == "0" else f"the worker's; the head {head} is in its network"
+            )
             rows.append(Check("link addresses", "ok", detail))
             end = LinkEnd(mine, stats[iface].speed, stats[iface].mtu)
     rows.append(rdma_row(spark))

@@ -322,6 +322,8 @@ def worker_rows(side: Side) -> list[Check]:
     try:
         return meet_head(side, back.getsockname()[1], reached)
     finally:
+        with contextlib.suppress(OSError):
+            back.shutdown(socket.SHUT_RDWR)  # wakes the accept above
         back.close()
         waiter.join(timeout=1)
 
