@@ -80,7 +80,9 @@ def link_rows(values: Mapping[str, str], spark: bool) -> tuple[list[Check], Link
             rows.append(Check("link addresses", "blocker", str(error)))
         else:
             detail = f"{mine.ip} on {iface} ({mine.network}): " + (
-                "the head's address" if rank == "0" else f"the worker's; the head {head} is in its network"
+                "the head's address"
+                if rank == "0"
+                else f"the worker's; the head {head} is in its network"
             )
             rows.append(Check("link addresses", "ok", detail))
             end = LinkEnd(mine, stats[iface].speed, stats[iface].mtu)
