@@ -176,6 +176,47 @@ def test_compose_mtp_profile_starts_the_mtp_launcher(project: Path) -> None:
     assert mtp_fetch["entrypoint"][-2:] == ["--launcher", "mtp"]
 
 
+def test_compose_pair_profiles_run_one_role_each_on_the_host_network(project: Path) -> None:
+    # a stray CLUSTER_RANK in .env: the service's role wins
+    link = {"CLUSTER_HEAD_ADDR": "169.254.10.1", "CLUSTER_IFACE": "enp1s0f1np1"}
+    (project / ".env").write_text(
+        "".join(f"{k}={v}\n" for k, v in link.items()) + "CLUSTER_RANK=1\n"
+    )
+    single = compose_config(project)["services"]["sparkserve"]
+    for role, rank in (("head", "0"), ("worker", "1")):
+        config = compose_config(project, None, "--profile", f"cluster-{role}")
+        name = f"sparkserve-{role}"
+        assert set(config["services"]) == {"sparkserve", "sparkserve-fetch", name, f"{name}-fetch"}
+        service = config["services"][name]
+        expected = {knob.name: knob.default for knob in CONTAINER_KNOBS}
+        expected |= {**link, "CLUSTER_NODES": "2", "CLUSTER_RANK": rank}
+        if role == "head":
+            expected["HOST"] = "127.0.0.1"  # the host's network: the API stays on loopback
+        assert service["environment"] == expected, role
+        assert service["profiles"] == [f"cluster-{role}"]
+        assert service["entrypoint"] == ["/opt/sparkserve/serve.sh"]
+        # NCCL and gloo need the link's interface: no bridge, nothing published
+        assert service["network_mode"] == "host" and "ports" not in service
+        (rdma,) = service["devices"]
+        assert rdma["source"] == rdma["target"] == "/dev/infiniband"
+        assert service["cap_add"] == ["IPC_LOCK"]
+        for same in ("deploy", "ipc", "ulimits", "init", "restart", "stop_grace_period", "image"):
+            assert service[same] == single[same], (role, same)
+        health = service["healthcheck"]
+        assert health["test"] == ["CMD", "python3", "-m", "sparkserve", "cluster", "health"]
+        assert health["start_period"] in ("30m0s", "1800s")
+        assert service["depends_on"] == {
+            f"{name}-fetch": {"condition": "service_completed_successfully", "required": True}
+        }
+        fetch = config["services"][f"{name}-fetch"]
+        assert fetch["entrypoint"][-2:] == ["--launcher", "dflash"] and fetch["restart"] == "no"
+        assert fetch["profiles"] == [f"cluster-{role}"]
+        assert not fetch.get("deploy", {}).get("resources"), "the download needs no GPU"
+    (project / ".env").write_text("BIND_ADDRESS=0.0.0.0\n")
+    head = compose_config(project, None, "--profile", "cluster-head")["services"]["sparkserve-head"]
+    assert head["environment"]["HOST"] == "0.0.0.0"
+
+
 def test_lock_pins_the_chosen_vllm_with_hashes() -> None:
     text = LOCK.read_text()
     assert f"\nvllm=={PINS['VLLM_VERSION']} \\" in text

@@ -6,6 +6,10 @@ total is free), swap, free disk for the image and the weights, whether the model
 drafter are already in the Hugging Face cache, the knobs in the environment, a record left by
 the memory guard, and the API port. It runs anywhere: on a machine that is not a Spark it says
 so and reports what it could still check. Prints a table (or --json); exits 1 on a blocker.
+
+With CLUSTER_NODES=2 it also checks this node's end of the pair's link and, run on both
+nodes at about the same time, meets the other node's doctor over the ports the engine uses
+(docs/CLUSTER.md): reachability both ways, the same image and vLLM release, the same MTU.
 """
 
 from __future__ import annotations
@@ -18,11 +22,15 @@ import socket
 import subprocess
 import sys
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 from sparkserve import recipes
+from sparkserve.check_row import Check, Status
+from sparkserve.cluster.identity import node_identity
+from sparkserve.cluster.link_rows import link_rows
+from sparkserve.cluster.preflight import Side, pair_rows
 from sparkserve.command_line import EXIT_FAILED, EXIT_OK, one_line_errors, ranged
 from sparkserve.guard import marker_path
 from sparkserve.knobs import KnobError, resolve
@@ -30,18 +38,11 @@ from sparkserve.memory.budget import budget_problem
 from sparkserve.memory.checkpoint import cache_dir_name, find_snapshot, hf_home
 from sparkserve.memory.host import GIB, read_meminfo
 
-Status = Literal["ok", "info", "warn", "blocker", "skip"]
 SPARK_COMPUTE_CAP = "12.1"
+DEFAULT_PAIR_WAIT_S = 60.0
 # The image (~20 GB with CUDA 13 devel) plus the int4 target (~67 GiB) and the drafter.
 DEFAULT_DISK_NEED_GB = 100.0
 COMMAND_TIMEOUT_S = 10.0
-
-
-@dataclass(frozen=True)
-class Check:
-    name: str
-    status: Status
-    detail: str
 
 
 def _command(argv: Sequence[str]) -> tuple[int, str]:
@@ -238,7 +239,40 @@ def check_port(values: Mapping[str, str]) -> Check:
     return Check("port", "ok", f"127.0.0.1:{port} is free")
 
 
-def diagnose(env: Mapping[str, str], method: str, need_gb: float) -> list[Check]:
+def check_pair(
+    values: Mapping[str, str], env: Mapping[str, str], spark: bool, wait_s: float
+) -> list[Check]:
+    """With CLUSTER_NODES=2: this node's end of the link, then the meeting with the peer's
+    doctor (cluster.preflight) over the ports the engine uses."""
+    rows, end = link_rows(values, spark)
+    port, watch = values["CLUSTER_PORT"], values["CLUSTER_WATCH_PORT"]
+    rows.append(
+        Check(
+            "engine ports",
+            "info",
+            f"TCP {port} (CLUSTER_PORT, torch.distributed) and {watch} (CLUSTER_WATCH_PORT) "
+            "to the head, and ephemeral TCP ports both ways (vLLM's cross-node message "
+            "queues, gloo, NCCL): the link's interface must pass them all",
+        )
+    )
+    if end is None:
+        return [*rows, Check("peer", "skip", "not tried: fix the link rows first")]
+    side = Side(
+        rank=int(values["CLUSTER_RANK"]),
+        head=values["CLUSTER_HEAD_ADDR"],
+        port=int(port),
+        watch_port=int(watch),
+        local=str(end.address.ip),
+        identity=node_identity(env),
+        link={"mtu": end.mtu, "speed_mbps": end.speed_mbps},
+        wait_s=wait_s,
+    )
+    return rows + pair_rows(side)
+
+
+def diagnose(
+    env: Mapping[str, str], method: str, need_gb: float, pair_wait_s: float = DEFAULT_PAIR_WAIT_S
+) -> list[Check]:
     rows: list[Check] = []
     gpu, spark = check_gpu()
     rows.append(
@@ -263,6 +297,8 @@ def diagnose(env: Mapping[str, str], method: str, need_gb: float) -> list[Check]
         values = resolve({}, method)  # type: ignore[arg-type]
     else:
         rows.append(Check("knobs", "ok", "every knob in the environment is allowed"))
+    if values["CLUSTER_NODES"] == "2":
+        rows += check_pair(values, env, spark, pair_wait_s)
     rows += check_memory(values, spark)
     home = hf_home(dict(env))
     models = [values["MODEL"]]
@@ -307,7 +343,7 @@ def render(rows: Sequence[Check]) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    rows = diagnose(os.environ, args.method, args.disk_need_gb)
+    rows = diagnose(os.environ, args.method, args.disk_need_gb, args.pair_wait)
     if args.json:
         print(json.dumps([asdict(row) for row in rows], indent=1))
     else:
@@ -331,10 +367,19 @@ def add_command(commands: Any) -> None:
         default=DEFAULT_DISK_NEED_GB,
         help="free disk a first run needs (image and weights)",
     )
+    parser.add_argument(
+        "--pair-wait",
+        type=ranged(float, "--pair-wait", 1, 3600),
+        default=DEFAULT_PAIR_WAIT_S,
+        metavar="S",
+        help="with CLUSTER_NODES=2: seconds to wait for the other node's doctor "
+        f"(default {DEFAULT_PAIR_WAIT_S:g}); run both at about the same time",
+    )
     parser.add_argument("--json", action="store_true", help="print JSON rows")
     one_line_errors(parser, "sparkserve doctor")
     parser.set_defaults(run=run)
 
 
 if __name__ == "__main__":
-    sys.exit(run(argparse.Namespace(method="dflash", disk_need_gb=DEFAULT_DISK_NEED_GB, json=0)))
+    defaults = {"disk_need_gb": DEFAULT_DISK_NEED_GB, "pair_wait": DEFAULT_PAIR_WAIT_S}
+    sys.exit(run(argparse.Namespace(method="dflash", json=0, **defaults)))

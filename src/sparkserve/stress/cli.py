@@ -1,5 +1,7 @@
 """`sparkserve stress`: fill a running server's KV pool at a bank of concurrency levels while
 sampling host memory; PASS when swap did not grow and MemAvailable stayed above the OS reserve.
+On a pair (CLUSTER_NODES=2) both hosts are judged, the worker's memory read from the head's
+pair watch (CLUSTER_HEAD_ADDR:CLUSTER_WATCH_PORT) about once a second.
 
 Exit status: 0 PASS, 1 FAIL, 2 bad input or a server not usable (checked before any load),
 3 the run broke off (a request failed: the server stopped?), 130 interrupted (Ctrl-C). In the
@@ -25,6 +27,7 @@ from sparkserve.client.tool import UsageError, say
 from sparkserve.command_line import EXIT_FAILED, EXIT_OK, NumberOption
 from sparkserve.guard import MARKER_NAME, marker_path
 from sparkserve.knobs import knob_value
+from sparkserve.stress import pair_memory
 from sparkserve.stress.bank import default_bank, parse_bank, size_phases
 from sparkserve.stress.run import StressRun, kv_probe
 from sparkserve.stress.sampler import MemorySampler, Sample
@@ -114,6 +117,7 @@ def _run(args: argparse.Namespace, env: Mapping[str, str]) -> int:
     )
     out = tool.output_folder(args.out, "stress")
     sampler = MemorySampler(args.sample_hz, kv_probe=kv_probe(server, info.model))
+    pair, pair_note = pair_memory.watch_for(env, sampler.now)
     stress = StressRun(
         server, info.model, phases, sampler,
         settle_s=args.settle_s, progress_s=args.progress_s, say=say,
@@ -129,8 +133,12 @@ def _run(args: argparse.Namespace, env: Mapping[str, str]) -> int:
         f"{info.pool_tokens} tokens ({info.pool_source}); bank {','.join(map(str, bank))}; OS "
         f"reserve {reserve:g} GiB; sampling at {args.sample_hz:g} Hz; writing to {out}/"
     )
+    if pair_note:
+        say(f"[stress] {pair_note}")
     started = dt.datetime.now(dt.UTC)
     sampler.start()
+    if pair is not None:
+        pair.start()
     t0_epoch = time.time() - sampler.now()
     try:
         outcome = tool.run_cut_short(stress.run, on_interrupt=stress.stop)
@@ -138,9 +146,14 @@ def _run(args: argparse.Namespace, env: Mapping[str, str]) -> int:
             time.sleep(min(args.settle_s, 1.0))
     finally:
         samples = sampler.stop()
+        if pair is not None:
+            pair.stop()
 
     stopped = guard_stop(args.guard_record, env, t0_epoch)
     verdict = judge(samples, reserve, args.swap_tolerance_mib / 1024, stopped)
+    pair_report = pair.report(reserve, args.swap_tolerance_mib / 1024) if pair else None
+    if pair_report is not None:
+        verdict = pair_memory.with_pair(verdict, pair_report)
     if stopped is not None and outcome.status == "aborted":
         outcome.status = "done"  # the requests failed because the guard stopped vLLM: a verdict
     duration = samples[-1].t - samples[0].t if len(samples) > 1 else 0.0
@@ -175,9 +188,13 @@ def _run(args: argparse.Namespace, env: Mapping[str, str]) -> int:
         "verdict": verdict.as_dict(),
         "files": {"json": "stress.json", "csv": "stress.csv", "png": "stress.png"},
     }
+    if pair_report is not None or pair_note:
+        result["pair"] = pair_report or {"error": pair_note}
     write_outputs(out, result, samples, verdict.worst_t, reserve)
     if outcome.error:
         say(f"[stress] {outcome.error}")
+    if pair_report is not None:
+        print(pair_memory.table(pair_report), flush=True)
     prefix = "" if outcome.status == "done" else "partial run: "
     print(f"{prefix}{verdict.line}", flush=True)
     say(f"[stress] wrote {out}/stress.json, stress.csv, stress.png")

@@ -1,0 +1,245 @@
+"""`sparkserve doctor` for a pair: two real doctors meeting across two network namespaces
+joined by a veth pair (root), a mismatch, an unreachable head, taken ports; and the address
+rules on hand-made hosts."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import pytest
+
+from sparkserve.cluster.addresses import AddressError, link_address
+from support import netns
+
+REPO = Path(__file__).resolve().parents[2]
+WAIT_S = 20
+
+
+class Addr(NamedTuple):  # the fields of psutil's snicaddr that the rules read
+    family: int
+    address: str
+    netmask: str | None
+
+
+HOST = {
+    "lo": [Addr(socket.AF_INET, "127.0.0.1", "255.0.0.0")],
+    "eth0": [Addr(socket.AF_INET, "192.0.2.2", "255.255.255.0")],
+    "cx7": [Addr(socket.AF_INET6, "fe80::1", None),
+            Addr(socket.AF_INET, "169.254.10.1", "255.255.0.0")],
+    "cx7b": [],
+}  # fmt: skip
+
+
+def test_address_rules_on_a_hand_made_host() -> None:
+    assert str(link_address(0, "169.254.10.1", "cx7", HOST)) == "169.254.10.1/16"
+    assert str(link_address(1, "169.254.10.2", "cx7", HOST).ip) == "169.254.10.1"
+    refused = {
+        (0, "10.0.0.1", "nope"):
+            "CLUSTER_IFACE='nope': no such interface here (have: cx7, cx7b, eth0, lo)",
+        (0, "10.0.0.1", "cx7b"): "CLUSTER_IFACE='cx7b' has no IPv4 address",
+        (0, "192.0.2.2", "cx7"): "(169.254.10.1/16); it is on eth0",
+        (0, "169.254.10.9", "cx7"): "it is not an address of this host",
+        (1, "169.254.10.1", "cx7"): "is this host's own address (on cx7)",
+        (1, "10.1.1.1", "cx7"): "is not in the network of CLUSTER_IFACE='cx7'",
+        (1, "127.0.0.1", "cx7"): "not loopback",
+        (1, "300.1.1.1", "cx7"): "CLUSTER_HEAD_ADDR='300.1.1.1': must be an IPv4 address",
+        (1, "", "cx7"): "CLUSTER_HEAD_ADDR is empty: required with CLUSTER_NODES=2",
+    }  # fmt: skip
+    for (rank, head, iface), needle in refused.items():
+        with pytest.raises(AddressError) as caught:
+            link_address(rank, head, iface, HOST)
+        assert needle in str(caught.value) and "\n" not in str(caught.value)
+
+
+@pytest.fixture()
+def pair() -> Iterator[netns.Pair]:
+    reason = netns.unavailable()
+    if reason:
+        pytest.skip(reason)
+    with netns.veth_pair("dr") as made:
+        yield made
+
+
+def doctor_argv(
+    pair: netns.Pair, side: int, wait: float, tmp: Path, **env: str
+) -> tuple[list[str], dict[str, str]]:
+    knobs = {
+        "CLUSTER_NODES": "2", "CLUSTER_RANK": str(side), "CLUSTER_HEAD_ADDR": pair.addresses[0],
+        "CLUSTER_IFACE": pair.ifaces[side], "HF_HOME": str(tmp / f"hf{side}"),
+    }  # fmt: skip
+    full = {**os.environ, "PYTHONPATH": str(REPO / "src"), "SPARKSERVE_IMAGE": "", **knobs, **env}
+    command = [sys.executable, "-m", "sparkserve", "doctor", "--json", "--disk-need-gb", "1"]
+    return pair.argv(side, [*command, "--pair-wait", f"{wait:g}"]), full
+
+
+def rows(stdout: str) -> dict[str, dict[str, str]]:
+    return {row["name"]: row for row in json.loads(stdout)}
+
+
+def both(
+    pair: netns.Pair, tmp: Path, head_env: dict[str, str], worker_env: dict[str, str]
+) -> tuple[Any, Any]:
+    argv, env = doctor_argv(pair, 0, WAIT_S, tmp, **head_env)
+    head = subprocess.Popen(
+        argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    try:
+        argv, env = doctor_argv(pair, 1, WAIT_S, tmp, **worker_env)
+        worker = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=WAIT_S + 60)
+        out, err = head.communicate(timeout=WAIT_S + 60)
+    finally:
+        if head.poll() is None:
+            head.kill()
+            head.wait()
+    assert err == "" and worker.stderr == "", (err, worker.stderr)
+    return (head.returncode, rows(out)), (worker.returncode, rows(worker.stdout))
+
+
+PAIR_ROWS = ("link", "link addresses", "RDMA devices", "engine ports", "peer", "pair identity",
+             "pair link", "pair server")  # fmt: skip
+
+
+def test_two_doctors_meet_across_the_link(pair: netns.Pair, tmp_path: Path) -> None:
+    (head_code, head), (worker_code, worker) = both(pair, tmp_path, {}, {})
+    for found in (head, worker):
+        print(json.dumps({k: v for k, v in found.items() if k in PAIR_ROWS}, indent=1))
+        assert found["link"]["status"] == "info"  # a veth is up but not a 200 Gb/s ConnectX-7
+        assert found["link addresses"]["status"] == "ok"
+        assert found["peer"]["status"] == "ok", found["peer"]
+        assert found["pair identity"]["status"] == "ok"
+        assert found["pair link"]["status"] == "ok"
+        assert "ephemeral" in found["engine ports"]["detail"]
+    assert f"worker {pair.addresses[1]} reached {pair.addresses[0]}:29501" in head["peer"]["detail"]
+    assert "it reached this node's ephemeral port" in worker["peer"]["detail"]
+    assert head_code == 0 and worker_code == 0
+
+
+def test_a_mismatched_pair_names_each_difference(pair: netns.Pair, tmp_path: Path) -> None:
+    pair.set_mtu(0, 9000)
+    (head_code, head), (worker_code, worker) = both(pair, tmp_path, {}, {"SPARKSERVE_IMAGE": "cpu"})
+    assert head["pair identity"]["status"] == worker["pair identity"]["status"] == "blocker"
+    assert (
+        head["pair identity"]["detail"] == "the worker runs other code: image: here host, peer cpu"
+    )
+    assert (
+        worker["pair identity"]["detail"] == "the head runs other code: image: here cpu, peer host"
+    )
+    assert (
+        head["pair link"]["status"] == "warn"
+        and "MTU here 9000, peer 1500" in head["pair link"]["detail"]
+    )
+    assert head["peer"]["status"] == "ok"  # the link itself works
+    assert head_code == worker_code == 1
+
+
+def test_an_unreachable_head_is_one_line_in_bounded_time(pair: netns.Pair, tmp_path: Path) -> None:
+    argv, env = doctor_argv(pair, 1, 2, tmp_path)
+    started = time.monotonic()
+    done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=60)
+    took = time.monotonic() - started
+    peer = rows(done.stdout)["peer"]
+    assert done.returncode == 1 and peer["status"] == "blocker"
+    assert peer["detail"].startswith(
+        f"the head {pair.addresses[0]}:29501 not reachable within 2 s: connection refused"
+    )
+    assert "\n" not in peer["detail"]
+    # an address nobody on the link has: no answer, the same row, still bounded
+    argv, env = doctor_argv(pair, 1, 2, tmp_path, CLUSTER_HEAD_ADDR=str(pair.network[200]))
+    done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=60)
+    assert rows(done.stdout)["peer"]["detail"].startswith(
+        f"the head {pair.network[200]}:29501 not reachable within 2 s: "
+    )
+    # a link that is down stops the check before any connection
+    pair.set_down(0)
+    argv, env = doctor_argv(pair, 1, 2, tmp_path)
+    done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=60)
+    found = rows(done.stdout)
+    assert found["link"]["status"] == "blocker" and "is down" in found["link"]["detail"]
+    assert found["peer"]["status"] == "skip"
+    # the head waits for a worker as long as it was told, then says what to do
+    pair.set_up(0)
+    argv, env = doctor_argv(pair, 0, 2, tmp_path)
+    done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=60)
+    assert rows(done.stdout)["peer"]["detail"].startswith(
+        f"no worker doctor reached {pair.addresses[0]}:29501 and :29510 within 2 s"
+    )
+    print(f"unreachable head reported in {took:.1f} s")
+    assert took < 30  # the doctor's other rows included; the peer part is bounded by 2 s + 2 s
+
+
+def _serve_in(pair: netns.Pair, side: int, code: str) -> subprocess.Popen[str]:
+    """A small server (Python source) run inside a namespace; prints "ready" when listening."""
+    env = dict(os.environ, PYTHONPATH=str(REPO / "src"))
+    server = subprocess.Popen(
+        pair.argv(side, [sys.executable, "-c", code]), env=env, stdout=subprocess.PIPE, text=True
+    )
+    assert server.stdout is not None and server.stdout.readline().strip() == "ready"
+    return server
+
+
+WATCH_STAND_IN = """
+import socket, sys
+from sparkserve.cluster import wire
+from sparkserve.cluster.identity import node_identity
+store = socket.create_server(("{head}", 29501))
+watch = socket.create_server(("{head}", 29510))
+print("ready", flush=True)
+for _ in range(2):
+    connection, _ = watch.accept()
+    with connection:
+        wire.LineReader(connection).receive(5)
+        wire.send(connection, {{"kind": "about", "rank": 0, "identity": node_identity({{}}),
+                               "memory": {{"0": {{}}, "1": {{}}}}}})
+"""
+
+
+def doctor_rows(pair: netns.Pair, side: int, tmp: Path) -> dict[str, dict[str, str]]:
+    argv, env = doctor_argv(pair, side, 5, tmp)
+    return rows(subprocess.run(argv, env=env, capture_output=True, text=True, timeout=60).stdout)
+
+
+def test_a_running_pair_is_probed_instead(pair: netns.Pair, tmp_path: Path) -> None:
+    server = _serve_in(pair, 0, WATCH_STAND_IN.format(head=pair.addresses[0]))
+    try:
+        head, worker = doctor_rows(pair, 0, tmp_path), doctor_rows(pair, 1, tmp_path)
+    finally:
+        server.kill()
+        server.wait()
+    assert head["pair server"]["status"] == "ok"
+    assert (
+        "the pair's server runs here (its watch answered; the worker has joined)"
+        in head["pair server"]["detail"]
+    )
+    assert "pair identity" not in head  # the same code: nothing to say
+    assert worker["peer"]["status"] == "ok" and "the head's server runs" in worker["peer"]["detail"]
+    assert worker["pair identity"]["status"] == "ok"
+
+
+PORT_HOLDER = """
+import socket, time
+held = socket.create_server(("{head}", 29501))
+print("ready", flush=True)
+time.sleep(120)
+"""
+
+
+def test_a_port_taken_by_another_program_is_a_blocker(pair: netns.Pair, tmp_path: Path) -> None:
+    code = PORT_HOLDER.format(head=pair.addresses[0])
+    server = _serve_in(pair, 0, code)
+    try:
+        head = doctor_rows(pair, 0, tmp_path)
+    finally:
+        server.kill()
+        server.wait()
+    assert head["pair server"]["status"] == "blocker"
+    assert head["pair server"]["detail"].startswith(
+        f"{pair.addresses[0]}:29501 is taken and no pair watch answers"
+    )
