@@ -15,6 +15,7 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 import sys
@@ -118,6 +119,10 @@ def test_vllm_builds_the_pair_and_shards_as_planned(
         # the whole drafter (its KV layers) on the last stage only
         drafted = [sum(g["draft_layers"] for g in node["kv"]["groups"]) for node in nodes]
         assert drafted == [0, 6]
+        # vLLM's own check refuses DFlash across stages on this model; the plan says so
+        refusal = "Qwen3_5MoeForCausalLM does not support dflash with pipeline parallelism"
+        assert ranks[1]["dflash_over_pp"] == refusal
+        assert "does not serve DFlash with pipeline parallelism" in " ".join(plan["notes"])
 
 
 @pytest.fixture(scope="module")
@@ -191,6 +196,7 @@ def test_an_option_wins_over_the_cluster_knobs(geometry: tuple[Path, Path]) -> N
     assert done.returncode == 0, done.stderr[-3000:]
     assert "tp: tensor parallel" in done.stdout
     assert "assumed 200 Gb/s, 0 us per crossing" in done.stdout
+    assert re.search(r"^drafter per node +0\.00 GiB / 0\.00 GiB", done.stdout, re.MULTILINE)
     assert re.search(r"^verdict +fits on both nodes$", done.stdout, re.MULTILINE), done.stdout
 
 
@@ -211,3 +217,21 @@ def test_bad_cluster_input_is_one_line(args: list[str], env: dict, expected: str
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1 and expected in lines[0], done.stderr
     assert done.stdout == ""
+
+
+def test_without_vllm_the_pair_plan_stops_with_one_line(geometry: tuple[Path, Path]) -> None:
+    """The split needs vLLM's own rules: where vLLM cannot be imported, exit 3 and say so."""
+    target, _ = geometry
+    hide_vllm = (
+        "import sys; sys.modules['vllm'] = None; from sparkserve.cli import main; "
+        f"sys.exit(main(['plan', '--model', {str(target)!r}, '--weights-gib', '67', "
+        "'--method', 'none', '--nodes', '2']))"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", hide_vllm], capture_output=True, text=True, timeout=120,
+        env={**os.environ, "PYTHONPATH": str(REPO / "src")},
+    )  # fmt: skip
+    assert done.returncode == 3, done.stdout + done.stderr
+    assert done.stdout == ""
+    assert done.stderr.startswith("sparkserve plan: --nodes 2 needs vLLM's sharding rules: vLLM")
+    assert len(done.stderr.strip().splitlines()) == 1

@@ -56,7 +56,8 @@ from sparkserve.plan import (
 ACTIVATION_BYTES = 2  # bf16 activations and logits on the link
 # vLLM 0.33 on Qwen3.5: its model runner V2 refuses a drafter that reads target layers across
 # pipeline stages (v1/worker/gpu/spec_decode/eagle/eagle3_utils.py,
-# verify_supports_aux_hidden_states_over_pp); the model does not pass them between stages.
+# verify_supports_aux_hidden_states_over_pp; tests/test_plan_pair.py calls it on the model
+# vLLM builds); the model does not pass them between stages.
 DFLASH_PP_NOTE = (
     "vLLM 0.33 does not serve DFlash with pipeline parallelism on Qwen3.5: the drafter, on the "
     "last stage, reads target layers of both stages and the model does not hand them over "

@@ -50,6 +50,20 @@ def argv(model: str, drafter: str, layout: str, rank: int) -> list[str]:
     ]  # fmt: skip
 
 
+def dflash_over_pp(model: torch.nn.Module) -> str:
+    """What model runner V2's own check says of DFlash across pipeline stages on this model
+    (the CPU build runs model runner V1, which never asks)."""
+    from vllm.v1.worker.gpu.spec_decode.eagle.eagle3_utils import (
+        verify_supports_aux_hidden_states_over_pp,
+    )
+
+    try:
+        verify_supports_aux_hidden_states_over_pp(model, "dflash")
+    except ValueError as error:
+        return str(error)
+    return "supported"
+
+
 def main() -> None:
     model, drafter, layout, rank, port, out = sys.argv[1:7]
     node = int(rank)
@@ -86,6 +100,7 @@ def main() -> None:
     facts["param_bytes"] = sum(p.numel() * p.element_size() for p in built.parameters())
     facts["layers"] = [built.model.start_layer, built.model.end_layer]
     facts["dtype"] = str(config.model_config.dtype)
+    facts["dflash_over_pp"] = dflash_over_pp(built)
     Path(out).write_text(json.dumps(facts, indent=1))
 
 

@@ -172,7 +172,9 @@ def model_split(text: dict[str, Any], layout: str, nodes: int, *, embeds: bool =
 
 def drafter_per_node(split: Split, whole: int) -> tuple[int, ...]:
     """A drafter's bytes per node: split like the target with tp (vLLM gives the drafter the
-    target's tensor-parallel size), all on the last node with pp."""
+    target's tensor-parallel size), all on the last node with pp; none without a drafter."""
+    if whole == 0:
+        return (0,) * split.nodes
     if split.layout == "pp":
         return tuple(whole if n == split.nodes - 1 else 0 for n in range(split.nodes))
     return split.per_node(whole)
