@@ -32,7 +32,6 @@ REPO = Path(__file__).resolve().parents[1]
 RANK = REPO / "tests" / "scenarios" / "pair_rank.py"
 GIB = 2**30
 HIDDEN, LAYERS, VOCAB = 3072, 48, 248320
-SPARK_MEM = 119.7 * GIB
 
 
 @pytest.fixture(scope="module")
@@ -66,80 +65,115 @@ def run_ranks(geometry: tuple[Path, Path], layout: str, work: Path) -> list[dict
 
 
 @pytest.fixture(scope="module")
-def whole_model(geometry: tuple[Path, Path], tmp_path_factory: pytest.TempPathFactory) -> dict:
-    return run_ranks(geometry, "one", tmp_path_factory.mktemp("rank-one"))[0]
+def ranks(geometry: tuple[Path, Path], tmp_path_factory: pytest.TempPathFactory) -> dict:
+    """What vLLM builds on one node (the whole model) and on each rank of tp and pp."""
+    work = tmp_path_factory.mktemp("ranks")
+    return {layout: run_ranks(geometry, layout, work) for layout in ("one", "tp", "pp")}
 
 
-def pair_plan(geometry: tuple[Path, Path], layout: str, *extra: str) -> dict[str, Any]:
-    target, drafter = geometry
-    done = plan_cli(
-        "--model", str(target), "--drafter", str(drafter), *SPARK_ARGS, "--nodes", "2",
-        "--layout", layout, "--json", *extra,
+# Several `sparkserve plan` command lines in one process: vLLM is imported once.
+PLANS = """
+import contextlib, io, json, os, sys
+from sparkserve.cli import main
+results = []
+for argv, env in json.loads(sys.argv[1]):
+    saved = dict(os.environ)
+    os.environ.update(env)
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        status = main(argv)
+    os.environ.clear()
+    os.environ.update(saved)
+    results.append([status, out.getvalue(), err.getvalue()])
+with open(sys.argv[2], "w") as handle:
+    json.dump(results, handle)
+"""
+
+
+def plan_runs(cases: dict[str, tuple[list[str], dict[str, str]]], work: Path) -> dict:
+    """Each case's (exit status, stdout, stderr) from `sparkserve plan ARGV` with ENV added."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CLUSTER_")}
+    env |= {"PYTHONPATH": str(REPO / "src"), "VLLM_TARGET_DEVICE": "cpu"}
+    argvs = [[["plan", *argv], extra] for argv, extra in cases.values()]
+    done = subprocess.run(
+        [sys.executable, "-c", PLANS, json.dumps(argvs), str(work / "plans.json")],
+        capture_output=True, text=True, env=env, timeout=900, check=False,
     )  # fmt: skip
-    assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
-    return json.loads(done.stdout)
+    assert done.returncode == 0, done.stderr[-3000:]
+    results = json.loads((work / "plans.json").read_text())
+    return dict(zip(cases, results, strict=True))
+
+
+@pytest.fixture(scope="module")
+def plans(
+    geometry: tuple[Path, Path], ranks: dict, tmp_path_factory: pytest.TempPathFactory
+) -> dict[str, Any]:
+    """At the Spark's settings: one node's plan, the pair's with tp through the options and
+    pp through the knobs CLUSTER_NODES / CLUSTER_LAYOUT, an option over those knobs (as a
+    table); and, for the checks against vLLM, the pair's plans of the bf16 checkpoint vLLM
+    builds for one node (227 GiB, so on larger machines)."""
+    target, drafter = geometry
+    spark = ["--model", str(target), "--drafter", str(drafter), *SPARK_ARGS]
+    pair_env = {"CLUSTER_NODES": "2", "CLUSTER_LAYOUT": "pp"}
+    whole = ["--weights-gib", repr(ranks["one"][0]["param_bytes"] / GIB), "--mem-total-gib", "512"]
+    cases = {
+        "one": ([*spark, "--json"], {}),
+        "tp": ([*spark, "--nodes", "2", "--layout", "tp", "--json"], {}),
+        "pp": ([*spark, "--json"], pair_env),
+        "option": (
+            [*spark, "--layout", "tp", "--link-latency-us", "0", "--method", "mtp",
+             "--num-spec-tokens", "2"],
+            pair_env,
+        ),
+        "bf16-tp": ([*spark, "--nodes", "2", "--layout", "tp", "--json", *whole], {}),
+        "bf16-pp": ([*spark, "--nodes", "2", "--layout", "pp", "--json", *whole], {}),
+    }  # fmt: skip
+    runs = plan_runs(cases, tmp_path_factory.mktemp("plans"))
+    for name, (status, out, err) in runs.items():
+        assert status == 0, (name, out[-2000:], err[-2000:])
+    return {
+        name: out if name == "option" else json.loads(out) for name, (_, out, _) in runs.items()
+    }
 
 
 @pytest.mark.parametrize("layout", ["tp", "pp"])
-def test_vllm_builds_the_pair_and_shards_as_planned(
-    geometry: tuple[Path, Path],
-    whole_model: dict,
-    layout: str,
-    tmp_path: Path,
-) -> None:
-    ranks = run_ranks(geometry, layout, tmp_path)
+def test_vllm_builds_the_pair_and_shards_as_planned(ranks: dict, plans: dict, layout: str) -> None:
+    built = ranks[layout]
     size = "tensor_parallel_size" if layout == "tp" else "pipeline_parallel_size"
-    for rank, facts in enumerate(ranks):
+    for rank, facts in enumerate(built):
         assert facts["world_size"] == 2 and facts["nnodes"] == 2, facts
         assert facts["node_rank"] == rank and facts[size] == 2, facts
         assert facts["executor"] == "mp" and facts["master_addr"] == "192.168.100.1", facts
         assert facts["dtype"] == "torch.bfloat16"
-    # the plan, told the checkpoint holds what vLLM builds for one node (the bf16 geometry:
-    # 227 GiB, so on larger machines), must put on each node exactly what vLLM builds there
-    whole = whole_model["param_bytes"]
-    plan = pair_plan(geometry, layout, "--weights-gib", repr(whole / GIB), "--mem-total-gib", "512")
+    # the plan, told the checkpoint holds what vLLM builds for one node, must put on each node
+    # exactly what vLLM builds there
+    whole = ranks["one"][0]["param_bytes"]
+    plan = plans[f"bf16-{layout}"]
     nodes = plan["nodes"]
-    for facts, node in zip(ranks, nodes, strict=True):
+    for facts, node in zip(built, nodes, strict=True):
         print(layout, node["role"], node["weights_bytes"], facts["param_bytes"])
         # --weights-gib travels as GiB in a float: a few bytes of rounding
         assert abs(node["weights_bytes"] - facts["param_bytes"]) < 64, (node, facts)
         assert node["layers"] == facts["layers"], (node["layers"], facts["layers"])
     if layout == "tp":
-        assert ranks[0]["kv_heads_per_rank"] == 1  # 2 KV heads, one per node
-        assert ranks[0]["draft_tensor_parallel_size"] == 2  # the drafter is split as well
+        assert built[0]["kv_heads_per_rank"] == 1  # 2 KV heads, one per node
+        assert built[0]["draft_tensor_parallel_size"] == 2  # the drafter is split as well
         assert sum(node["weights_bytes"] for node in nodes) > whole  # replicated parts
         attention = [g for g in nodes[0]["kv"]["groups"] if g["kind"] == "attention"]
         target = [g for g in attention if not g["draft_layers"]]
         per_token = target[0]["real_page_bytes"] / target[0]["block_size"]
         # K and V of the node's heads, bf16, per layer and token (a page is one layer's)
-        assert per_token == 2 * ranks[0]["kv_heads_per_rank"] * ranks[0]["head_size"] * 2
+        assert per_token == 2 * built[0]["kv_heads_per_rank"] * built[0]["head_size"] * 2
     else:
-        assert ranks[0]["pp_indices"] == [[0, 24], [24, 48]]
-        assert [node["layers"] for node in nodes] == ranks[0]["pp_indices"]
+        assert built[0]["pp_indices"] == [[0, 24], [24, 48]]
+        assert [node["layers"] for node in nodes] == built[0]["pp_indices"]
         # the whole drafter (its KV layers) on the last stage only
         drafted = [sum(g["draft_layers"] for g in node["kv"]["groups"]) for node in nodes]
         assert drafted == [0, 6]
         # vLLM's own check refuses DFlash across stages on this model; the plan says so
         refusal = "Qwen3_5MoeForCausalLM does not support dflash with pipeline parallelism"
-        assert ranks[1]["dflash_over_pp"] == refusal
+        assert built[1]["dflash_over_pp"] == refusal
         assert "does not serve DFlash with pipeline parallelism" in " ".join(plan["notes"])
-
-
-@pytest.fixture(scope="module")
-def plans(geometry: tuple[Path, Path]) -> dict[str, dict[str, Any]]:
-    """One node's plan and the pair's for each layout, at the Spark's settings: tp through
-    the options, pp through the knobs CLUSTER_NODES / CLUSTER_LAYOUT."""
-    target, drafter = geometry
-    done = plan_cli("--model", str(target), "--drafter", str(drafter), *SPARK_ARGS, "--json")
-    assert done.returncode == 0, done.stderr[-3000:]
-    out = {"one": json.loads(done.stdout), "tp": pair_plan(geometry, "tp")}
-    done = plan_cli(
-        "--model", str(target), "--drafter", str(drafter), *SPARK_ARGS, "--json",
-        env={"CLUSTER_NODES": "2", "CLUSTER_LAYOUT": "pp"},
-    )  # fmt: skip
-    assert done.returncode == 0, done.stderr[-3000:]
-    out["pp"] = json.loads(done.stdout)
-    return out
 
 
 @pytest.mark.parametrize("layout", ["tp", "pp"])
@@ -185,19 +219,14 @@ def check_link_and_ceiling(plan: dict[str, Any], one: dict[str, Any]) -> None:
         assert "DFlash with pipeline parallelism" in " ".join(plan["notes"])
 
 
-def test_an_option_wins_over_the_cluster_knobs(geometry: tuple[Path, Path]) -> None:
-    """(The pp plan above came from CLUSTER_NODES / CLUSTER_LAYOUT alone.)"""
-    target, drafter = geometry
-    done = plan_cli(
-        "--model", str(target), "--drafter", str(drafter), *SPARK_ARGS, "--layout", "tp",
-        "--link-latency-us", "0", "--method", "mtp", "--num-spec-tokens", "2",
-        env={"CLUSTER_NODES": "2", "CLUSTER_LAYOUT": "pp"},
-    )  # fmt: skip
-    assert done.returncode == 0, done.stderr[-3000:]
-    assert "tp: tensor parallel" in done.stdout
-    assert "assumed 200 Gb/s, 0 us per crossing" in done.stdout
-    assert re.search(r"^drafter per node +0\.00 GiB / 0\.00 GiB", done.stdout, re.MULTILINE)
-    assert re.search(r"^verdict +fits on both nodes$", done.stdout, re.MULTILINE), done.stdout
+def test_an_option_wins_over_the_cluster_knobs(plans: dict) -> None:
+    """(The pp plan came from CLUSTER_NODES / CLUSTER_LAYOUT alone.) An option wins over the
+    knob; the table states the link's assumption; MTP has no drafter to split."""
+    table = plans["option"]
+    assert "tp: tensor parallel" in table
+    assert "assumed 200 Gb/s, 0 us per crossing" in table
+    assert re.search(r"^drafter per node +0\.00 GiB / 0\.00 GiB", table, re.MULTILINE), table
+    assert re.search(r"^verdict +fits on both nodes$", table, re.MULTILINE), table
 
 
 @pytest.mark.parametrize(

@@ -337,29 +337,36 @@ def kv_request(args: argparse.Namespace, sources: Sources, kv_bytes: int) -> KvR
     )
 
 
+def kv_budget(
+    args: argparse.Namespace, values: Mapping[str, str], total: int, resident: int
+) -> tuple[int, int, int, str | None]:
+    """One machine's KV memory: (KV bytes, vLLM's share as used, CUDA-graph charge, why it
+    breaks the OS reserve or None), `resident` being its weights and overhead."""
+    if args.kv_cache_memory_bytes is not None:
+        kv_bytes = int(args.kv_cache_memory_bytes)
+        used = resident + kv_bytes
+        reserve = float(values["OS_RESERVE_GB"]) * GIB
+        problem = None if total - used >= reserve else _fixed_pool_problem(values, total - used)
+        return kv_bytes, used, 0, problem
+    available = int(float(values["GPU_MEM"]) * total) - resident
+    cudagraph = 0
+    if values["VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS"] == "1" and args.platform == "cuda":
+        cudagraph = int(max(available, 0) * args.cudagraph_share)
+    used = int(float(values["GPU_MEM"]) * total)
+    problem = budget_problem(values["GPU_MEM"], values["OS_RESERVE_GB"], total)
+    return available - cudagraph, used, cudagraph, problem
+
+
 def make_plan(args: argparse.Namespace, env: Mapping[str, str]) -> Plan:
     """Everything but the exit status; UsageError / CheckpointError / KnobError on input."""
     sources = read_sources(args, env)
     values, config, found = sources.values, sources.config, sources.found
     weights_bytes, source, total = sources.weights_bytes, sources.weights_source, sources.total
-    gpu_mem = float(values["GPU_MEM"])
-    reserve = float(values["OS_RESERVE_GB"]) * GIB
-    share = int(gpu_mem * total)
+    share = int(float(values["GPU_MEM"]) * total)
     overhead = int(args.overhead_gib * GIB)
     reclaim = lmhead_reclaim_bytes(config) if values["SPARK_KEEP_BF16_LMHEAD"] == "0" else 0
     loaded = weights_bytes + sources.drafter_bytes - reclaim
-    cudagraph = 0
-    if args.kv_cache_memory_bytes is not None:
-        kv_bytes = int(args.kv_cache_memory_bytes)
-        used = loaded + overhead + kv_bytes
-        problem = None if total - used >= reserve else _fixed_pool_problem(values, total - used)
-    else:
-        available = share - loaded - overhead
-        if values["VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS"] == "1" and args.platform == "cuda":
-            cudagraph = int(max(available, 0) * args.cudagraph_share)
-        kv_bytes = available - cudagraph
-        used = share
-        problem = budget_problem(values["GPU_MEM"], values["OS_RESERVE_GB"], total)
+    kv_bytes, used, cudagraph, problem = kv_budget(args, values, total, loaded + overhead)
     active, active_source = active_bytes(args, config, found, weights_bytes)
     plan = Plan(
         inputs=plan_inputs(args, sources),
@@ -468,15 +475,22 @@ def _cudagraph_line(plan: Plan) -> str:
     )
 
 
-def render(plan: Plan) -> str:
-    i = plan.inputs
-    rows: list[tuple[str, str]] = [
+def model_rows(i: Mapping[str, Any]) -> list[tuple[str, str]]:
+    """The table's first rows: the target and how it drafts."""
+    return [
         ("target", f"{i['MODEL']} ({i['target_dir']})"),
         (
             "speculative",
             f"{i['method']}, {i['NUM_SPEC_TOKENS']} tokens"
             + (f", drafter {i['DRAFT_MODEL']}" if i.get("drafter_dir") else ""),
         ),
+    ]
+
+
+def render(plan: Plan) -> str:
+    i = plan.inputs
+    rows: list[tuple[str, str]] = [
+        *model_rows(i),
         ("machine memory", _g(plan.mem_total_bytes)),
         ("GPU_MEM", f"{i['GPU_MEM']} -> vLLM share {_g(plan.vllm_share_bytes)}"),
         ("weights", f"{_g(plan.weights_bytes)} ({plan.weights_source})"),
@@ -541,13 +555,24 @@ def render(plan: Plan) -> str:
         )
     if "note" in i:
         rows.append(("note", i["note"]))
-    if plan.problems:
-        verdict = "does not fit: " + "; ".join(plan.problems)
-    elif plan.kv is None:
-        verdict = f"unknown: could not compute the KV geometry here ({plan.kv_error})"
+    return with_verdict(rows, plan.problems, plan.kv is not None, plan.kv_error, "fits")
+
+
+def with_verdict(
+    rows: list[tuple[str, str]],
+    problems: list[str],
+    computed: bool,
+    kv_error: str | None,
+    fits: str,
+) -> str:
+    """The table: `rows` and the verdict, names aligned."""
+    if problems:
+        verdict = "does not fit: " + "; ".join(problems)
+    elif not computed:
+        verdict = f"unknown: could not compute the KV geometry here ({kv_error})"
     else:
-        verdict = "fits"
-    rows.append(("verdict", verdict))
+        verdict = fits
+    rows = [*rows, ("verdict", verdict)]
     width = max(len(name) for name, _ in rows)
     return "\n".join(f"{name:<{width}}  {value}" for name, value in rows)
 

@@ -33,7 +33,7 @@ from sparkserve.command_line import (
     fail,
 )
 from sparkserve.knobs import KnobError
-from sparkserve.memory.budget import budget_problem, largest_gpu_mem
+from sparkserve.memory.budget import largest_gpu_mem
 from sparkserve.memory.checkpoint import CheckpointError
 from sparkserve.memory.host import GIB
 from sparkserve.memory.kv import GeometryError, KvGeometry, VllmMissing, kv_geometry_per_node
@@ -48,9 +48,12 @@ from sparkserve.plan import (
     Sources,
     active_bytes,
     ceilings,
+    kv_budget,
     kv_request,
+    model_rows,
     plan_inputs,
     read_sources,
+    with_verdict,
 )
 
 ACTIVATION_BYTES = 2  # bf16 activations and logits on the link
@@ -130,26 +133,8 @@ def _node(
     """One node's memory: loaded = (weights, drafter weights, reclaim) on it."""
     values, total = sources.values, sources.total
     weights_bytes, drafter_bytes, reclaim = loaded
-    share = int(float(values["GPU_MEM"]) * total)
-    overhead = int(args.overhead_gib * GIB)
-    resident = weights_bytes + drafter_bytes - reclaim + overhead
-    cudagraph = 0
-    problem: str | None
-    if args.kv_cache_memory_bytes is not None:
-        kv_bytes = int(args.kv_cache_memory_bytes)
-        used = resident + kv_bytes
-        left = total - used
-        reserve = values["OS_RESERVE_GB"]
-        problem = None
-        if left < float(reserve) * GIB:
-            problem = f"leaves {left / GIB:.1f} GiB to the OS, less than OS_RESERVE_GB={reserve}"
-    else:
-        available = share - resident
-        if values["VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS"] == "1" and args.platform == "cuda":
-            cudagraph = int(max(available, 0) * args.cudagraph_share)
-        kv_bytes = available - cudagraph
-        used = share
-        problem = budget_problem(values["GPU_MEM"], values["OS_RESERVE_GB"], total)
+    resident = weights_bytes + drafter_bytes - reclaim + int(args.overhead_gib * GIB)
+    kv_bytes, used, cudagraph, problem = kv_budget(args, values, total, resident)
     node = NodePlan(
         rank=rank,
         role="head" if rank == 0 else "worker",
@@ -414,12 +399,7 @@ def _ceiling_line(plan: PairPlan) -> str:
 def render_pair(plan: PairPlan) -> str:
     i = plan.inputs
     rows: list[tuple[str, str]] = [
-        ("target", f"{i['MODEL']} ({i['target_dir']})"),
-        (
-            "speculative",
-            f"{i['method']}, {i['NUM_SPEC_TOKENS']} tokens"
-            + (f", drafter {i['DRAFT_MODEL']}" if i.get("drafter_dir") else ""),
-        ),
+        *model_rows(i),
         ("nodes", f"2 ({_layout_line(plan)})"),
         ("machine memory", f"{_g(plan.mem_total_bytes)} each"),
         (
@@ -457,15 +437,9 @@ def render_pair(plan: PairPlan) -> str:
     if plan.decode_ceiling:
         rows.append(("decode ceiling", _ceiling_line(plan)))
     rows += [("note", note) for note in plan.notes]
-    if plan.problems:
-        verdict = "does not fit: " + "; ".join(plan.problems)
-    elif plan.pool is None:
-        verdict = f"unknown: could not compute the KV geometry here ({plan.kv_error})"
-    else:
-        verdict = "fits on both nodes"
-    rows.append(("verdict", verdict))
-    width = max(len(name) for name, _ in rows)
-    return "\n".join(f"{name:<{width}}  {value}" for name, value in rows)
+    return with_verdict(
+        rows, plan.problems, plan.pool is not None, plan.kv_error, "fits on both nodes"
+    )
 
 
 def pair_json(plan: PairPlan) -> str:
