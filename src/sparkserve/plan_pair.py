@@ -118,8 +118,7 @@ def reclaim_per_node(split: Split) -> tuple[int, ...]:
     (a padded vocabulary shard with tp, the whole head on the last stage with pp)."""
     if split.tied:
         return tuple(0 for _ in range(split.nodes))
-    hidden = split.row_bytes // 2
-    return tuple(rows * (hidden - INT8_SCALE_BYTES) for rows in split.head_rows)
+    return tuple(rows * (split.hidden - INT8_SCALE_BYTES) for rows in split.head_rows)
 
 
 def _node(
@@ -184,18 +183,22 @@ def make_pair_plan(args: argparse.Namespace, env: Mapping[str, str], layout: str
         split=split,
         nodes=[],
     )
+    budget: list[str] = []
     for rank in range(nodes):
         loaded = (weights_per_node[rank], drafter_per[rank], reclaims[rank])
         node, problem = _node(args, sources, rank, split, loaded, active_per[rank])
         plan.nodes.append(node)
-        if problem is not None and problem not in plan.problems:
-            plan.problems.append(problem)
+        if problem is not None:
+            budget.append(f"the {node.role}: {problem}")
         if node.kv_bytes <= 0:
             plan.problems.append(
-                f"node {rank}: no memory left for the KV cache: its weights and overhead take "
-                f"{(node.vllm_share_bytes - node.kv_bytes) / GIB:.1f} GiB of "
+                f"the {node.role}: no memory left for the KV cache: its weights and overhead "
+                f"take {(node.vllm_share_bytes - node.kv_bytes) / GIB:.1f} GiB of "
                 f"{node.vllm_share_bytes / GIB:.1f} GiB"
             )
+    # the same GPU_MEM rule breaks on both hosts alike: say it once
+    same = len(budget) == nodes and len({line.split(": ", 1)[1] for line in budget}) == 1
+    plan.problems[:0] = [f"each node: {budget[0].split(': ', 1)[1]}"] if same else budget
     if layout == "pp" and args.method == "dflash" and sources.spec_tokens > 0:
         plan.notes.append(DFLASH_PP_NOTE)
     if plan.problems:
@@ -242,7 +245,7 @@ def _add_kv(plan: PairPlan, args: argparse.Namespace, sources: Sources) -> None:
 
 def link_cost(plan: PairPlan, gbps: float, latency_us: float) -> dict[str, float]:
     """The link's share of one decoded token (one stream): crossings, bytes and seconds."""
-    hidden = plan.split.row_bytes // 2
+    hidden = plan.split.hidden
     if plan.layout == "tp":
         reductions = 2 * plan.split.layers[0][1] + 1
         gather = plan.split.head_rows[0] * ACTIVATION_BYTES

@@ -44,6 +44,7 @@ class Split:
     layers: tuple[tuple[int, int], ...]  # per node: [first, end) of its decoder layers
     embedding_rows: tuple[int, ...]  # per node: rows of the embedding it holds
     head_rows: tuple[int, ...]  # per node: rows of the lm-head it holds (0: none)
+    hidden: int
     row_bytes: int  # one embedding or lm-head row
     replicated_bytes: int  # on each node in full with tp (norms, router, gates)
     final_norm_bytes: int
@@ -161,6 +162,7 @@ def model_split(text: dict[str, Any], layout: str, nodes: int, *, embeds: bool =
         layers=layers,
         embedding_rows=embedding,
         head_rows=head,
+        hidden=hidden,
         row_bytes=hidden * dtype,
         replicated_bytes=replicated_elements(text) * dtype,
         final_norm_bytes=hidden * dtype,
