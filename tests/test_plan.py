@@ -33,9 +33,15 @@ SPARK_POOL_TOKENS_INT8_HEAD = 426_610
 
 
 def plan_cli(
-    *args: str, python: str = sys.executable, timeout: int = 300, target_device: str | None = "cpu"
+    *args: str,
+    python: str = sys.executable,
+    timeout: int = 300,
+    target_device: str | None = "cpu",
+    env: dict[str, str] | None = None,
 ) -> Any:
-    env = dict(os.environ, PYTHONPATH=str(REPO / "src"))
+    """`sparkserve plan ARGS` with the test's environment (no cluster knobs) plus `env`."""
+    base = {k: v for k, v in os.environ.items() if not k.startswith("CLUSTER_")}
+    env = dict(base, PYTHONPATH=str(REPO / "src"), **(env or {}))
     env.pop("VLLM_TARGET_DEVICE", None)
     if target_device is not None:
         env["VLLM_TARGET_DEVICE"] = target_device

@@ -19,7 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -69,6 +69,9 @@ DEFAULT_OVERHEAD_GIB = 3.0
 # model when VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS=1 (vLLM issue #50780 reports 18-24%).
 DEFAULT_CUDAGRAPH_SHARE = 0.21
 INT8_SCALE_BYTES = 4  # one float32 scale per row of the int8 head
+# Assumptions for the link between two Sparks (ConnectX-7, 200 Gb/s; FACTS); options override.
+LINK_GBPS = 200.0
+LINK_LATENCY_US = 20.0  # per crossing: a small-message collective over the link, tens of us
 
 
 @dataclass
@@ -116,6 +119,11 @@ NUMBER_OPTIONS: tuple[NumberOption, ...] = (
      "a fixed KV pool, as vLLM's flag of that name (skips the GPU_MEM arithmetic)"),
     ("--bandwidth-gbs", float, 1, 100000, BANDWIDTH_DATASHEET_GBS,
      "memory bandwidth for the decode ceiling"),
+    ("--link-gbps", float, 1, 100000, LINK_GBPS,
+     f"with two nodes: the link's speed in Gb/s (default {LINK_GBPS:g}, ConnectX-7)"),
+    ("--link-latency-us", float, 0, 100000, LINK_LATENCY_US,
+     f"with two nodes: microseconds per crossing of the link, assumed (default "
+     f"{LINK_LATENCY_US:g})"),
 )  # fmt: skip
 
 
@@ -140,6 +148,8 @@ def add_command(commands: Any) -> None:
     add("--max-num-seqs", help="default: $MAX_NUM_SEQS")
     add("--max-batched-tokens", help="default: $MAX_BATCHED_TOKENS")
     add("--os-reserve-gb", help="default: $OS_RESERVE_GB")
+    add("--nodes", help="1 or 2 Sparks serving the model together (default: $CLUSTER_NODES)")
+    add("--layout", help="with two nodes: tp or pp (default: $CLUSTER_LAYOUT)")
     add("--prefix-cache", help="0 or 1 (default: $PREFIX_CACHE)")
     add("--keep-bf16-lmhead", help="0 or 1 (default: $SPARK_KEEP_BF16_LMHEAD)")
     add(
@@ -171,6 +181,19 @@ def add_command(commands: Any) -> None:
     parser.set_defaults(run=run)
 
 
+def cluster_shape(args: argparse.Namespace, env: Mapping[str, str]) -> tuple[int, str | None]:
+    """Nodes and layout from --nodes / --layout, else CLUSTER_NODES / CLUSTER_LAYOUT;
+    KnobError or UsageError (one line) on a bad value. One node has no layout."""
+    nodes = int(knob_value("CLUSTER_NODES", env, given=args.nodes))
+    if nodes == 1:
+        if args.layout is not None:
+            raise UsageError(
+                f"--layout={args.layout!r}: applies to two nodes (--nodes 2 or CLUSTER_NODES=2)"
+            )
+        return 1, None
+    return nodes, knob_value("CLUSTER_LAYOUT", env, given=args.layout)
+
+
 def _resolve_inputs(args: argparse.Namespace, env: Mapping[str, str]) -> dict[str, Any]:
     launcher = "mtp" if args.method == "mtp" else "dflash"
     values = {
@@ -193,7 +216,7 @@ def _resolve_inputs(args: argparse.Namespace, env: Mapping[str, str]) -> dict[st
     return values
 
 
-def _active_bytes(
+def active_bytes(
     args: argparse.Namespace, config: dict[str, Any], found: Weights | None, total: int
 ) -> tuple[int | None, str]:
     if args.active_gib is not None:
@@ -226,8 +249,24 @@ def _fixed_pool_problem(values: Mapping[str, str], left: int) -> str:
     )
 
 
-def make_plan(args: argparse.Namespace, env: Mapping[str, str]) -> Plan:
-    """Everything but the exit status; UsageError / CheckpointError / KnobError on input."""
+@dataclass(frozen=True)
+class Sources:
+    """What a plan reads before any arithmetic: the knobs, the checkpoints, the machine."""
+
+    values: dict[str, str]
+    target_dir: Path
+    config: dict[str, Any]
+    found: Weights | None
+    weights_bytes: int
+    weights_source: str
+    spec_tokens: int
+    drafter_dir: Path | None
+    drafter_bytes: int
+    total: int  # one machine's memory
+
+
+def read_sources(args: argparse.Namespace, env: Mapping[str, str]) -> Sources:
+    """UsageError / CheckpointError / KnobError on input."""
     values = _resolve_inputs(args, env)
     home = hf_home(dict(env))
     target_dir = locate(values["MODEL"], home)
@@ -253,46 +292,88 @@ def make_plan(args: argparse.Namespace, env: Mapping[str, str]) -> Plan:
         else:
             drafter_found = weights(drafter_dir)
             drafter_bytes = drafter_found.bytes if drafter_found else 0
-
     if args.mem_total_gib is not None:
         total = int(args.mem_total_gib * GIB)
     else:
         total = read_meminfo().total
-    gpu_mem = float(values["GPU_MEM"])
-    reserve = float(values["OS_RESERVE_GB"]) * GIB
-    share = int(gpu_mem * total)
-    overhead = int(args.overhead_gib * GIB)
-    reclaim = lmhead_reclaim_bytes(config) if values["SPARK_KEEP_BF16_LMHEAD"] == "0" else 0
-    loaded = weights_bytes + drafter_bytes - reclaim
-    cudagraph = 0
-    if args.kv_cache_memory_bytes is not None:
-        kv_bytes = int(args.kv_cache_memory_bytes)
-        used = loaded + overhead + kv_bytes
-        problem = None if total - used >= reserve else _fixed_pool_problem(values, total - used)
-    else:
-        available = share - loaded - overhead
-        if values["VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS"] == "1" and args.platform == "cuda":
-            cudagraph = int(max(available, 0) * args.cudagraph_share)
-        kv_bytes = available - cudagraph
-        used = share
-        problem = budget_problem(values["GPU_MEM"], values["OS_RESERVE_GB"], total)
-    active, active_source = _active_bytes(args, config, found, weights_bytes)
-    inputs = dict(values)
+    return Sources(
+        values, target_dir, config, found, weights_bytes, source, spec_tokens, drafter_dir,
+        drafter_bytes, total,
+    )  # fmt: skip
+
+
+def plan_inputs(args: argparse.Namespace, sources: Sources) -> dict[str, Any]:
+    """The knobs and options a plan states it used (its JSON's "inputs")."""
+    inputs: dict[str, Any] = dict(sources.values)
     inputs |= {
         "method": args.method,
         "platform": args.platform,
-        "target_dir": str(target_dir),
-        "drafter_dir": str(drafter_dir) if drafter_dir else None,
+        "target_dir": str(sources.target_dir),
+        "drafter_dir": str(sources.drafter_dir) if sources.drafter_dir else None,
         "overhead_gib": args.overhead_gib,
         "cudagraph_share": args.cudagraph_share,
         "kv_cache_memory_bytes": args.kv_cache_memory_bytes,
     }
+    return inputs
+
+
+def kv_request(args: argparse.Namespace, sources: Sources, kv_bytes: int) -> KvRequest:
+    """What vLLM is asked to lay out for one node (a pair's plan adds its parallel sizes)."""
+    values, spec_tokens = sources.values, sources.spec_tokens
+    backend = args.attention_backend or ("CPU_ATTN" if args.platform == "cpu" else "TRITON_ATTN")
+    return KvRequest(
+        target=sources.target_dir,
+        drafter=sources.drafter_dir,
+        spec_method=None if args.method == "none" or spec_tokens == 0 else args.method,
+        num_spec_tokens=spec_tokens,
+        max_model_len=int(values["MAX_MODEL_LEN"]),
+        max_num_seqs=int(values["MAX_NUM_SEQS"]),
+        max_batched_tokens=int(values["MAX_BATCHED_TOKENS"]),
+        kv_bytes=kv_bytes,
+        prefix_cache=values["PREFIX_CACHE"] == "1",
+        platform=args.platform,
+        backend=backend,
+        mamba_checkpoint_blocks=args.mamba_checkpoint_blocks,
+    )
+
+
+def kv_budget(
+    args: argparse.Namespace, values: Mapping[str, str], total: int, resident: int
+) -> tuple[int, int, int, str | None]:
+    """One machine's KV memory: (KV bytes, vLLM's share as used, CUDA-graph charge, why it
+    breaks the OS reserve or None), `resident` being its weights and overhead."""
+    if args.kv_cache_memory_bytes is not None:
+        kv_bytes = int(args.kv_cache_memory_bytes)
+        used = resident + kv_bytes
+        reserve = float(values["OS_RESERVE_GB"]) * GIB
+        problem = None if total - used >= reserve else _fixed_pool_problem(values, total - used)
+        return kv_bytes, used, 0, problem
+    available = int(float(values["GPU_MEM"]) * total) - resident
+    cudagraph = 0
+    if values["VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS"] == "1" and args.platform == "cuda":
+        cudagraph = int(max(available, 0) * args.cudagraph_share)
+    used = int(float(values["GPU_MEM"]) * total)
+    problem = budget_problem(values["GPU_MEM"], values["OS_RESERVE_GB"], total)
+    return available - cudagraph, used, cudagraph, problem
+
+
+def make_plan(args: argparse.Namespace, env: Mapping[str, str]) -> Plan:
+    """Everything but the exit status; UsageError / CheckpointError / KnobError on input."""
+    sources = read_sources(args, env)
+    values, config, found = sources.values, sources.config, sources.found
+    weights_bytes, source, total = sources.weights_bytes, sources.weights_source, sources.total
+    share = int(float(values["GPU_MEM"]) * total)
+    overhead = int(args.overhead_gib * GIB)
+    reclaim = lmhead_reclaim_bytes(config) if values["SPARK_KEEP_BF16_LMHEAD"] == "0" else 0
+    loaded = weights_bytes + sources.drafter_bytes - reclaim
+    kv_bytes, used, cudagraph, problem = kv_budget(args, values, total, loaded + overhead)
+    active, active_source = active_bytes(args, config, found, weights_bytes)
     plan = Plan(
-        inputs=inputs,
+        inputs=plan_inputs(args, sources),
         mem_total_bytes=total,
         weights_bytes=weights_bytes,
         weights_source=source,
-        drafter_weights_bytes=drafter_bytes,
+        drafter_weights_bytes=sources.drafter_bytes,
         active_bytes=active,
         active_source=active_source,
         overhead_bytes=overhead,
@@ -312,23 +393,8 @@ def make_plan(args: argparse.Namespace, env: Mapping[str, str]) -> Plan:
             f"{(loaded + overhead + cudagraph) / GIB:.1f} GiB"
         )
         return plan
-    backend = args.attention_backend or ("CPU_ATTN" if args.platform == "cpu" else "TRITON_ATTN")
-    request = KvRequest(
-        target=target_dir,
-        drafter=drafter_dir,
-        spec_method=None if args.method == "none" or spec_tokens == 0 else args.method,
-        num_spec_tokens=spec_tokens,
-        max_model_len=int(values["MAX_MODEL_LEN"]),
-        max_num_seqs=int(values["MAX_NUM_SEQS"]),
-        max_batched_tokens=int(values["MAX_BATCHED_TOKENS"]),
-        kv_bytes=kv_bytes,
-        prefix_cache=values["PREFIX_CACHE"] == "1",
-        platform=args.platform,
-        backend=backend,
-        mamba_checkpoint_blocks=args.mamba_checkpoint_blocks,
-    )
     try:
-        plan.kv = kv_geometry(request)
+        plan.kv = kv_geometry(kv_request(args, sources, kv_bytes))
     except VllmMissing as error:
         plan.kv_error = str(error)
         return plan
@@ -355,20 +421,26 @@ def _decode_ceiling(plan: Plan, kv: KvGeometry, bandwidth_gbs: float) -> dict[st
     """tok/s <= bandwidth / bytes read per decoded token (one stream, no speculation)."""
     if plan.active_bytes is None:
         return {}
-    state = sum(g.layers * g.real_page_bytes for g in kv.groups if g.kind == "mamba")
-    per_token_kv = sum(
-        g.layers * g.real_page_bytes / g.block_size for g in kv.groups if g.kind == "attention"
-    )
     length = int(plan.inputs["MAX_MODEL_LEN"])
+    short = plan.active_bytes + kv.state_bytes
+    full = short + kv.attention_bytes_per_token * length
+    return ceilings(bandwidth_gbs, lambda rate: rate / short, lambda rate: rate / full)
+
+
+BANDWIDTHS = ("datasheet", "measured_low", "measured_high")
+
+
+def ceilings(
+    bandwidth_gbs: float,
+    short: Callable[[float], float],
+    full: Callable[[float], float],
+) -> dict[str, float]:
+    """tok/s at each bandwidth (the one given, the measured range), short and full context;
+    `short` and `full` turn a memory rate in B/s into tok/s."""
     out: dict[str, float] = {}
-    for label, gbs in (
-        ("datasheet", bandwidth_gbs),
-        ("measured_low", BANDWIDTH_MEASURED_GBS[0]),
-        ("measured_high", BANDWIDTH_MEASURED_GBS[1]),
-    ):
-        rate = gbs * 1e9
-        out[f"{label}_short_context"] = rate / (plan.active_bytes + state)
-        out[f"{label}_full_context"] = rate / (plan.active_bytes + state + per_token_kv * length)
+    for label, gbs in zip(BANDWIDTHS, (bandwidth_gbs, *BANDWIDTH_MEASURED_GBS), strict=True):
+        out[f"{label}_short_context"] = short(gbs * 1e9)
+        out[f"{label}_full_context"] = full(gbs * 1e9)
     return out
 
 
@@ -403,15 +475,22 @@ def _cudagraph_line(plan: Plan) -> str:
     )
 
 
-def render(plan: Plan) -> str:
-    i = plan.inputs
-    rows: list[tuple[str, str]] = [
+def model_rows(i: Mapping[str, Any]) -> list[tuple[str, str]]:
+    """The table's first rows: the target and how it drafts."""
+    return [
         ("target", f"{i['MODEL']} ({i['target_dir']})"),
         (
             "speculative",
             f"{i['method']}, {i['NUM_SPEC_TOKENS']} tokens"
             + (f", drafter {i['DRAFT_MODEL']}" if i.get("drafter_dir") else ""),
         ),
+    ]
+
+
+def render(plan: Plan) -> str:
+    i = plan.inputs
+    rows: list[tuple[str, str]] = [
+        *model_rows(i),
         ("machine memory", _g(plan.mem_total_bytes)),
         ("GPU_MEM", f"{i['GPU_MEM']} -> vLLM share {_g(plan.vllm_share_bytes)}"),
         ("weights", f"{_g(plan.weights_bytes)} ({plan.weights_source})"),
@@ -476,13 +555,24 @@ def render(plan: Plan) -> str:
         )
     if "note" in i:
         rows.append(("note", i["note"]))
-    if plan.problems:
-        verdict = "does not fit: " + "; ".join(plan.problems)
-    elif plan.kv is None:
-        verdict = f"unknown: could not compute the KV geometry here ({plan.kv_error})"
+    return with_verdict(rows, plan.problems, plan.kv is not None, plan.kv_error, "fits")
+
+
+def with_verdict(
+    rows: list[tuple[str, str]],
+    problems: list[str],
+    computed: bool,
+    kv_error: str | None,
+    fits: str,
+) -> str:
+    """The table: `rows` and the verdict, names aligned."""
+    if problems:
+        verdict = "does not fit: " + "; ".join(problems)
+    elif not computed:
+        verdict = f"unknown: could not compute the KV geometry here ({kv_error})"
     else:
-        verdict = "fits"
-    rows.append(("verdict", verdict))
+        verdict = fits
+    rows = [*rows, ("verdict", verdict)]
     width = max(len(name) for name, _ in rows)
     return "\n".join(f"{name:<{width}}  {value}" for name, value in rows)
 
@@ -495,6 +585,14 @@ def to_json(plan: Plan) -> str:
 
 def run(args: argparse.Namespace, env: Mapping[str, str] | None = None) -> int:
     env = os.environ if env is None else env
+    try:
+        nodes, layout = cluster_shape(args, env)
+    except (KnobError, UsageError) as error:
+        return fail("sparkserve plan", error, EXIT_BAD_INPUT)
+    if nodes == 2 and layout is not None:
+        from sparkserve import plan_pair
+
+        return plan_pair.run(args, env, layout)
     try:
         plan = make_plan(args, env)
     except (KnobError, CheckpointError, UsageError) as error:

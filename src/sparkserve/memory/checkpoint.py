@@ -83,6 +83,21 @@ def text_config(config: dict[str, Any]) -> dict[str, Any]:
     return inner if isinstance(inner, dict) else config
 
 
+def layer_kinds(text: dict[str, Any]) -> list[str]:
+    """Each decoder layer's type ("full_attention", "linear_attention", ...): `layer_types`,
+    else every `full_attention_interval`-th layer full attention, else all of them."""
+    kinds = text.get("layer_types")
+    if kinds:
+        return [str(kind) for kind in kinds]
+    count = int(text["num_hidden_layers"])
+    every = text.get("full_attention_interval")
+    if not every:
+        return ["full_attention"] * count
+    return [
+        "full_attention" if (i + 1) % int(every) == 0 else "linear_attention" for i in range(count)
+    ]
+
+
 @dataclass(frozen=True)
 class Weights:
     bytes: int

