@@ -215,7 +215,7 @@ def start_pair(
             rank,
             node_env(net, rank, layout, model, site, work, port, knobs or {}),
             work / f"node{rank}.log",
-        )  # fmt: skip
+        )
         for rank in (0, 1)
     ]
     return Pair(net, nodes[0], nodes[1], port, time.monotonic())
