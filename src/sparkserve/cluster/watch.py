@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import ctypes
 import errno
 import json
 import os
@@ -42,7 +41,14 @@ from typing import Any
 from sparkserve.cluster import wire
 from sparkserve.cluster.identity import differences, node_identity
 from sparkserve.cluster.stopping import Tree, stop
-from sparkserve.command_line import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_STOPPED, one_line_errors
+from sparkserve.command_line import (
+    EXIT_BAD_INPUT,
+    EXIT_FAILED,
+    EXIT_STOPPED,
+    one_line_errors,
+    sigterm_when_parent_dies,
+    standalone,
+)
 from sparkserve.memory.host import GIB, read_meminfo
 
 PROG = "sparkserve cluster watch"
@@ -399,16 +405,10 @@ class Watch:
 
 
 def _die_with_parent(pid: int, on_signal: Callable[[], None]) -> None:
-    """SIGTERM (from anyone, or from the kernel when our parent, the watched process, dies:
-    PR_SET_PDEATHSIG) only sets a flag: the main loop decides what it means."""
+    """SIGTERM (from anyone, or from the kernel when our parent, the watched process, dies)
+    only sets a flag: the main loop decides what it means."""
     signal.signal(signal.SIGTERM, lambda *_: on_signal())
-    if os.getppid() != pid:
-        return
-    with contextlib.suppress(OSError, AttributeError):
-        libc = ctypes.CDLL(None, use_errno=True)
-        pr_set_pdeathsig = 1
-        libc.prctl(pr_set_pdeathsig, signal.SIGTERM, 0, 0, 0)
-    if os.getppid() != pid:  # it died between the check and the prctl
+    if os.getppid() == pid and not sigterm_when_parent_dies(pid):
         on_signal()
 
 
@@ -447,9 +447,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog=PROG, description=__doc__.splitlines()[0])
-    configure(parser)
-    return run(parser.parse_args(argv))
+    return standalone(PROG, __doc__ or PROG, configure, run, argv)
 
 
 if __name__ == "__main__":
