@@ -62,6 +62,10 @@ common_vllm_args() {
 # but for --node-rank; the worker runs headless (no API), the head serves the API. vLLM's own
 # rendezvous and collectives give up after CLUSTER_DIST_TIMEOUT_S (= CLUSTER_JOIN_TIMEOUT_S)
 # instead of torch's 30 min; the pair watch (start_pair_watch) stops a broken pair sooner.
+# The options, in vLLM's parser: --nnodes/--node-rank/--master-addr/--master-port and
+# --distributed-timeout-seconds in engine/arg_utils.py (0.32: lines 1143-1148; 0.33:
+# 1175-1180), --headless in entrypoints/launchers/cli_args.py:435 (0.32) and
+# entrypoints/common/cli_args.py:445 (0.33).
 cluster_vllm_args() {
   [[ "${CLUSTER_NODES}" == 2 ]] || return 0
   VLLM_ARGS+=(--nnodes 2 --node-rank "${CLUSTER_RANK}"

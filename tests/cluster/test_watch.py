@@ -135,8 +135,8 @@ def test_a_joined_pair_answers_probes_and_a_dead_vllm_stops_both(
     assert about["kind"] == "about" and about["rank"] == 0
     assert set(about["memory"]) == {"0", "1"}
     assert {"available_gib", "total_gib", "swap_used_gib", "at"} <= set(about["memory"]["1"])
-    assert health.problem(worker.state_file) is None
     assert health.problem(head.state_file) is None
+    assert check_health(worker.state_file) == (0, "")
     head_tree = head.tree()
     assert len(head_tree) == 2
 
@@ -150,7 +150,33 @@ def test_a_joined_pair_answers_probes_and_a_dead_vllm_stops_both(
     assert not any(running(proc) for proc in head_tree)
     assert took < BOUND_S
     assert finish(worker, 5)[0] == EXIT_STOPPED
-    assert "the pair watch is not running" in (health.problem(head.state_file) or "")
+    code, said = check_health(head.state_file)
+    assert code == 1 and said.startswith("sparkserve cluster health: the pair watch is not running")
+    assert said.count("\n") == 1
+
+
+def check_health(state_file: Path) -> tuple[int, str]:
+    """`sparkserve cluster health`, as compose's healthcheck runs it."""
+    argv = [
+        sys.executable,
+        "-m",
+        "sparkserve",
+        "cluster",
+        "health",
+        "--state-file",
+        str(state_file),
+    ]
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=60)
+    return done.returncode, done.stdout + done.stderr
+
+
+def test_health_without_a_watch_is_one_line(tmp_path: Path) -> None:
+    code, said = check_health(tmp_path / "none.json")
+    assert code == 1
+    assert said == (
+        f"sparkserve cluster health: no pair watch state in {tmp_path / 'none.json'} "
+        "(CLUSTER_NODES=2 and the launcher started?)\n"
+    )
 
 
 def test_a_silent_peer_counts_as_lost(tmp_path: Path, nodes: list[Node]) -> None:

@@ -12,7 +12,9 @@ failure), two at a time so that their start-up waits overlap (about 3.4 GB each)
 
 from __future__ import annotations
 
+import os
 import subprocess
+import sys
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -116,6 +118,15 @@ def test_tp_pair_answers_through_the_head(pairs: Pairs) -> None:
     chunks = [line for line in streamed.stdout.splitlines() if line.startswith("data: ")]
     assert len(chunks) >= 3 and chunks[-1] == "data: [DONE]"
     assert "pair joined: node 0" in pair.head.log()
+    for node in pair.nodes:  # compose's healthcheck, on each node
+        health = pair.net.run(node.namespace, "env", f"SPARKSERVE_STATE_DIR={node.state_dir}",
+                              sys.executable, "-m", "sparkserve", "cluster", "health",
+                              check=False)  # fmt: skip
+        assert (health.returncode, health.stdout) == (0, ""), health.stdout + health.stderr
+        # Each node has its own /dev/shm, as a machine (or a container) has: vLLM's rings
+        # cannot outlive the node, nor pass between the two "nodes" through shared memory.
+        (pid,) = [p for p in pair.net.pids(node.namespace) if p == node.proc.pid]
+        assert os.stat(f"/proc/{pid}/root/dev/shm").st_dev != os.stat("/dev/shm").st_dev
 
 
 def test_pp_pair_answers_through_the_head(pairs: Pairs) -> None:

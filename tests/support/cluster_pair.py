@@ -68,6 +68,7 @@ class Node:
     namespace: str
     proc: subprocess.Popen[bytes]
     log_path: Path
+    state_dir: Path
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")
@@ -201,7 +202,7 @@ def start_node(net: NodePair, rank: int, env: Mapping[str, str], log_path: Path)
     with log_path.open("wb") as log:
         proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT,
                                 stdin=subprocess.DEVNULL, env=dict(env))  # fmt: skip
-    return Node(rank, namespace, proc, log_path)
+    return Node(rank, namespace, proc, log_path, Path(env["SPARKSERVE_STATE_DIR"]))
 
 
 def start_pair(
