@@ -54,6 +54,32 @@ common_vllm_args() {
     VLLM_ARGS+=(--reasoning-parser "${REASONING_PARSER}")
   fi
   apply_workarounds
+  cluster_vllm_args
+}
+
+# cluster_vllm_args: with CLUSTER_NODES=2, vLLM's native multi-node launch (multiprocessing
+# executor: vLLM's CPU build refuses Ray, docs/CLUSTER.md). Both nodes get the same command
+# but for --node-rank; the worker runs headless (no API), the head serves the API. vLLM's own
+# rendezvous and collectives give up after CLUSTER_DIST_TIMEOUT_S (= CLUSTER_JOIN_TIMEOUT_S)
+# instead of torch's 30 min; the pair watch (start_pair_watch) stops a broken pair sooner.
+# The options, in vLLM's parser: --nnodes/--node-rank/--master-addr/--master-port and
+# --distributed-timeout-seconds in engine/arg_utils.py (0.32: lines 1143-1148; 0.33:
+# 1175-1180), --headless in entrypoints/launchers/cli_args.py:435 (0.32) and
+# entrypoints/common/cli_args.py:445 (0.33).
+cluster_vllm_args() {
+  [[ "${CLUSTER_NODES}" == 2 ]] || return 0
+  VLLM_ARGS+=(--nnodes 2 --node-rank "${CLUSTER_RANK}"
+    --master-addr "${CLUSTER_HEAD_ADDR}" --master-port "${CLUSTER_PORT}"
+    --distributed-executor-backend mp
+    --distributed-timeout-seconds "${CLUSTER_DIST_TIMEOUT_S}")
+  if [[ "${CLUSTER_LAYOUT}" == pp ]]; then
+    VLLM_ARGS+=(--pipeline-parallel-size 2)
+  else
+    VLLM_ARGS+=(--tensor-parallel-size 2)
+  fi
+  if [[ "${CLUSTER_RANK}" == 1 ]]; then
+    VLLM_ARGS+=(--headless)
+  fi
 }
 
 # apply_workarounds: the arguments the installed vLLM's known bugs call for (the registry in
@@ -86,6 +112,21 @@ export_vllm_env() {
     export VLLM_API_KEY="${API_KEY}"
   fi
   unset API_KEY
+  export_cluster_env
+}
+
+# export_cluster_env: with CLUSTER_NODES=2, keep the engine's traffic on the link.
+export_cluster_env() {
+  [[ "${CLUSTER_NODES}" == 2 ]] || return 0
+  # The address this node announces to the other (vLLM envs.py, VLLM_HOST_IP; otherwise vLLM
+  # guesses from the default route, which is not the ConnectX-7 link).
+  export VLLM_HOST_IP="${CLUSTER_HOST_IP}"
+  # The interface torch.distributed's Gloo backend (CPU-side groups) binds to (PyTorch docs,
+  # torch.distributed: "Choosing the network interface to use").
+  export GLOO_SOCKET_IFNAME="${CLUSTER_IFACE}"
+  # The interface NCCL's bootstrap and socket transport use (NCCL docs, environment
+  # variables: NCCL_SOCKET_IFNAME); without it NCCL may pick the wrong port.
+  export NCCL_SOCKET_IFNAME="${CLUSTER_IFACE}"
 }
 
 # print_dry_run: the exact environment and command, secrets hidden, for DRY_RUN=1.
@@ -96,6 +137,11 @@ print_dry_run() {
     SPARK_KEEP_BF16_LMHEAD SPARK_LMHEAD_CALIBRATE HF_HUB_OFFLINE; do
     printf 'env: %s=%s\n' "${name}" "${!name@Q}"
   done
+  if [[ "${CLUSTER_NODES}" == 2 ]]; then
+    for name in VLLM_HOST_IP GLOO_SOCKET_IFNAME NCCL_SOCKET_IFNAME; do
+      printf 'env: %s=%s\n' "${name}" "${!name@Q}"
+    done
+  fi
   for name in VLLM_API_KEY HF_TOKEN; do
     if [[ -n "${!name:-}" ]]; then
       printf 'env: %s=<hidden>\n' "${name}"
@@ -106,6 +152,10 @@ print_dry_run() {
   if [[ "${GUARD}" == 1 ]]; then
     guard_command
     printf 'guard: %s\n' "${GUARD_ARGS[*]@Q}"
+  fi
+  if [[ "${CLUSTER_NODES}" == 2 ]]; then
+    watch_command
+    printf 'watch: %s\n' "${WATCH_ARGS[*]@Q}"
   fi
   printf 'exec: vllm serve %s\n' "${VLLM_ARGS[*]@Q}"
 }
@@ -169,6 +219,44 @@ start_guard() {
   "${GUARD_ARGS[@]}" </dev/null >&2 &
 }
 
+# watch_command: the pair watch's command line, into WATCH_ARGS. Like the guard it watches
+# this PID (vLLM's after the exec) and stops it when either node of the pair fails.
+watch_command() {
+  local api="" address="${HOST}"
+  if [[ "${address}" == 0.0.0.0 ]]; then
+    address=127.0.0.1
+  fi
+  if [[ "${CLUSTER_RANK}" == 0 ]]; then
+    api="http://${address}:${PORT}"
+  fi
+  WATCH_ARGS=(python3 -m sparkserve.cluster.watch --pid "$$" --rank "${CLUSTER_RANK}"
+    --head-addr "${CLUSTER_HEAD_ADDR}" --host-ip "${CLUSTER_HOST_IP}"
+    --port "${CLUSTER_WATCH_PORT}" --peer-timeout-s "${CLUSTER_PEER_TIMEOUT_S}"
+    --join-timeout-s "${CLUSTER_JOIN_TIMEOUT_S}" --state-file "${CLUSTER_STATE_FILE}"
+    --api-url "${api}")
+}
+
+# start_pair_watch: with CLUSTER_NODES=2, start the pair watch in the background and wait
+# until the two nodes have joined; if the watch gives up first (peer unreachable, refused,
+# join timeout), it has said why in one line and we exit with its status.
+start_pair_watch() {
+  [[ "${CLUSTER_NODES}" == 2 ]] || return 0
+  local watch_pid status
+  watch_command
+  rm -f -- "${CLUSTER_STATE_FILE}"
+  mkdir -p -- "$(dirname -- "${CLUSTER_STATE_FILE}")"
+  "${WATCH_ARGS[@]}" </dev/null >&2 &
+  watch_pid=$!
+  until grep -qs '"state":"joined"' "${CLUSTER_STATE_FILE}"; do
+    if ! kill -0 "${watch_pid}" 2>/dev/null; then
+      status=0
+      wait "${watch_pid}" || status=$?
+      exit $(( status == 0 ? 1 : status ))
+    fi
+    sleep 0.2
+  done
+}
+
 # start_vllm: exec vLLM in this process, so `docker stop` (SIGTERM) reaches it directly.
 start_vllm() {
   export_vllm_env
@@ -182,5 +270,6 @@ start_vllm() {
     "${PROG}" "${VLLM_FOUND_VERSION}" "${MODEL}" "${HOST}" "${PORT}" "${GPU_MEM}" \
     "${MEM_TOTAL_GIB}" "${PREFIX_CACHE}" >&2
   start_guard
+  start_pair_watch
   exec vllm serve "${VLLM_ARGS[@]}"
 }

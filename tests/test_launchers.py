@@ -53,6 +53,23 @@ CASES: dict[str, tuple[str, dict[str, str], dict[str, object]]] = {
     "mtp-1-token-no-prefix-cache": ("mtp", {"NUM_SPEC_TOKENS": "1", "PREFIX_CACHE": "0"}, {
         "speculative_method": "mtp", "num_speculative_tokens": 1, "enable_prefix_caching": False,
     }),
+    # A pair of Sparks (docs/CLUSTER.md); the loopback interface stands in for the link.
+    "dflash-pair-tp-head": ("dflash", {
+        "CLUSTER_NODES": "2", "CLUSTER_HEAD_ADDR": "127.0.0.1", "CLUSTER_IFACE": "lo",
+    }, {
+        "tensor_parallel_size": 2, "pipeline_parallel_size": 1, "nnodes": 2, "node_rank": 0,
+        "master_addr": "127.0.0.1", "distributed_executor_backend": "mp",
+        "distributed_timeout_seconds": 600, "headless": False,
+        "speculative_method": "dflash", "enable_prefix_caching": True,
+    }),
+    "mtp-pair-pp-worker": ("mtp", {
+        "CLUSTER_NODES": "2", "CLUSTER_RANK": "1", "CLUSTER_HEAD_ADDR": "127.0.0.2",
+        "CLUSTER_IFACE": "lo", "CLUSTER_LAYOUT": "pp", "CLUSTER_JOIN_TIMEOUT_S": "90",
+    }, {
+        "tensor_parallel_size": 1, "pipeline_parallel_size": 2, "nnodes": 2, "node_rank": 1,
+        "master_addr": "127.0.0.2", "distributed_timeout_seconds": 90, "headless": True,
+        "speculative_method": "mtp",
+    }),
 }  # fmt: skip
 
 
@@ -286,3 +303,26 @@ def test_dflash_prefix_cache_workaround_follows_the_vllm_release(
     assert "disable_eagle_block_drop" not in mtp.stdout
     off = run_launcher("dflash", {**env, "PREFIX_CACHE": "0"})
     assert "disable_eagle_block_drop" not in off.stdout
+
+
+def test_dry_run_of_a_pair_node_shows_the_link_environment_and_the_watch() -> None:
+    env = launcher_env(CLUSTER_NODES="2", CLUSTER_RANK="1", CLUSTER_HEAD_ADDR="127.0.0.2",
+                       CLUSTER_IFACE="lo", SPARKSERVE_STATE_DIR="/state")  # fmt: skip
+    done = run_launcher("mtp", {**env, "DRY_RUN": "1"})
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    for name in ("VLLM_HOST_IP='127.0.0.1'", "GLOO_SOCKET_IFNAME='lo'", "NCCL_SOCKET_IFNAME='lo'"):
+        assert f"env: {name}" in lines
+    (watch,) = [shlex.split(line.removeprefix("watch: ")) for line in lines
+                if line.startswith("watch: ")]  # fmt: skip
+    assert watch[:3] == ["python3", "-m", "sparkserve.cluster.watch"]
+    options = dict(zip(watch[3::2], watch[4::2], strict=True))
+    assert options["--rank"] == "1" and options["--head-addr"] == "127.0.0.2"
+    assert options["--host-ip"] == "127.0.0.1" and options["--port"] == "29510"
+    assert options["--state-file"] == "/state/cluster-watch.json"
+    assert options["--api-url"] == ""  # the worker serves no API
+
+
+def test_one_node_has_no_cluster_arguments() -> None:
+    argv = dry_run_argv("dflash", launcher_env(CLUSTER_IFACE="nonesuch"))
+    assert not {"--nnodes", "--headless", "--tensor-parallel-size"} & set(argv)

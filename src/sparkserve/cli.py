@@ -31,6 +31,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "sparkserve.fetch",
     "sparkserve.recipes.cli",
     "sparkserve.dashboard",
+    "sparkserve.cluster.cli",
 )
 
 

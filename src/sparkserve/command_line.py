@@ -6,7 +6,11 @@ Standard library only: the memory guard imports this and must start fast.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import ctypes
 import math
+import os
+import signal
 import sys
 from collections.abc import Callable
 from typing import NoReturn
@@ -82,3 +86,29 @@ def add_numbers(parser: argparse.ArgumentParser, options: tuple[NumberOption, ..
         parser.add_argument(
             option, type=ranged(kind, option, low, high), default=default, help=help_text
         )
+
+
+def standalone(
+    prog: str,
+    doc: str,
+    configure: Callable[[argparse.ArgumentParser], None],
+    run: Callable[[argparse.Namespace], int],
+    argv: list[str] | None = None,
+) -> int:
+    """A tool's own `main` for `python -m sparkserve.TOOL` (fast: no other sub-command is
+    imported): its parser from `configure`, described by the first line of `doc`."""
+    parser = argparse.ArgumentParser(prog=prog, description=doc.splitlines()[0])
+    configure(parser)
+    return run(parser.parse_args(argv))
+
+
+def sigterm_when_parent_dies(parent: int) -> bool:
+    """Ask the kernel to SIGTERM this process when its parent, `parent`, dies
+    (PR_SET_PDEATHSIG). False when `parent` is not (or no longer) our parent."""
+    if os.getppid() != parent:
+        return False
+    with contextlib.suppress(OSError, AttributeError):
+        libc = ctypes.CDLL(None, use_errno=True)
+        pr_set_pdeathsig = 1
+        libc.prctl(pr_set_pdeathsig, signal.SIGTERM, 0, 0, 0)
+    return os.getppid() == parent  # it may have died between the check and the prctl

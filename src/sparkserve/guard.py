@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import ctypes
 import json
 import os
 import signal
@@ -48,6 +47,8 @@ from sparkserve.command_line import (
     fail,
     one_line_errors,
     ranged,
+    sigterm_when_parent_dies,
+    standalone,
 )
 from sparkserve.knobs import BY_NAME
 from sparkserve.memory.host import GIB, read_meminfo, read_swap_traffic
@@ -229,13 +230,7 @@ def stop(pid: int, started: str | None, grace_s: float) -> str:
 
 def _die_with_parent(pid: int) -> None:
     """Ask the kernel to SIGTERM us when our parent (the watched process) dies."""
-    if os.getppid() != pid:
-        return
-    with contextlib.suppress(OSError, AttributeError):
-        libc = ctypes.CDLL(None, use_errno=True)
-        pr_set_pdeathsig = 1
-        libc.prctl(pr_set_pdeathsig, signal.SIGTERM, 0, 0, 0)
-    if os.getppid() != pid:  # it died between the check and the prctl
+    if os.getppid() == pid and not sigterm_when_parent_dies(pid):
         sys.exit(EXIT_OK)
 
 
@@ -415,9 +410,7 @@ def add_command(commands: Any) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog=PROG, description=__doc__.splitlines()[0])
-    configure(parser)
-    return _run_checked(parser.parse_args(argv))
+    return standalone(PROG, __doc__ or PROG, configure, _run_checked, argv)
 
 
 if __name__ == "__main__":

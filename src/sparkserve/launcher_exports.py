@@ -7,7 +7,9 @@ this machine, finds the installed vLLM's release and the workarounds it needs, a
 naming the knob, the value and what is allowed, and exits 2 (the launcher then stops).
 
 Besides the knobs it exports VLLM_FOUND_VERSION, MEM_TOTAL_GIB, GUARD_MARKER (the guard's
-record of a stop), for each workaround WORKAROUND_<NAME> (1: apply) and its _REASON, and what
+record of a stop), CLUSTER_HOST_IP and CLUSTER_DIST_TIMEOUT_S (a pair's link, checked by
+sparkserve.cluster.link; empty on one node), CLUSTER_STATE_FILE (the pair watch's state),
+for each workaround WORKAROUND_<NAME> (1: apply) and its _REASON, and what
 the applying ones add: WORKAROUND_ARGV (a bash array of `vllm serve` arguments),
 WORKAROUND_SPECULATIVE_FIELDS (`,"key":value` text for the speculative config's JSON) and
 WORKAROUND_NOTES (a bash array: each one's reason, for the launcher to print).
@@ -19,6 +21,8 @@ import shlex
 from collections.abc import Mapping
 
 from sparkserve import recipes
+from sparkserve.cluster.link import cluster_exports
+from sparkserve.cluster.watch import state_path
 from sparkserve.command_line import EXIT_BAD_INPUT, EXIT_OK, fail
 from sparkserve.guard import marker_path, metrics_dir
 from sparkserve.knobs import KnobError, Launcher, knobs_for, resolve
@@ -55,6 +59,8 @@ def exports(env: Mapping[str, str], launcher: Launcher, total_bytes: int) -> lis
         "GUARD_MARKER": str(marker_path(values["HF_HOME"])),
         "GUARD_METRICS_DIR": str(metrics_dir(values["HF_HOME"])),
     }
+    derived |= cluster_exports(values)
+    derived["CLUSTER_STATE_FILE"] = str(state_path(env))
     argv: list[str] = []
     notes: list[str] = []
     speculative = ""

@@ -60,16 +60,16 @@ def test_address_rules_on_a_hand_made_host() -> None:
 
 
 @pytest.fixture()
-def pair() -> Iterator[netns.Pair]:
+def pair() -> Iterator[netns.NodePair]:
     reason = netns.unavailable()
     if reason:
         pytest.skip(reason)
-    with netns.veth_pair("dr") as made:
+    with netns.node_pair() as made:
         yield made
 
 
 def doctor_argv(
-    pair: netns.Pair, side: int, wait: float, tmp: Path, **env: str
+    pair: netns.NodePair, side: int, wait: float, tmp: Path, **env: str
 ) -> tuple[list[str], dict[str, str]]:
     knobs = {
         "CLUSTER_NODES": "2", "CLUSTER_RANK": str(side), "CLUSTER_HEAD_ADDR": pair.addresses[0],
@@ -85,7 +85,7 @@ def rows(stdout: str) -> dict[str, dict[str, str]]:
 
 
 def both(
-    pair: netns.Pair, tmp: Path, head_env: dict[str, str], worker_env: dict[str, str]
+    pair: netns.NodePair, tmp: Path, head_env: dict[str, str], worker_env: dict[str, str]
 ) -> tuple[Any, Any]:
     argv, env = doctor_argv(pair, 0, WAIT_S, tmp, **head_env)
     head = subprocess.Popen(
@@ -107,7 +107,7 @@ PAIR_ROWS = ("link", "link addresses", "RDMA devices", "engine ports", "peer", "
              "pair link", "pair server")  # fmt: skip
 
 
-def test_two_doctors_meet_across_the_link(pair: netns.Pair, tmp_path: Path) -> None:
+def test_two_doctors_meet_across_the_link(pair: netns.NodePair, tmp_path: Path) -> None:
     (head_code, head), (worker_code, worker) = both(pair, tmp_path, {}, {})
     for found in (head, worker):
         print(json.dumps({k: v for k, v in found.items() if k in PAIR_ROWS}, indent=1))
@@ -122,7 +122,7 @@ def test_two_doctors_meet_across_the_link(pair: netns.Pair, tmp_path: Path) -> N
     assert head_code == 0 and worker_code == 0
 
 
-def test_a_mismatched_pair_names_each_difference(pair: netns.Pair, tmp_path: Path) -> None:
+def test_a_mismatched_pair_names_each_difference(pair: netns.NodePair, tmp_path: Path) -> None:
     pair.set_mtu(0, 9000)
     (head_code, head), (worker_code, worker) = both(pair, tmp_path, {}, {"SPARKSERVE_IMAGE": "cpu"})
     assert head["pair identity"]["status"] == worker["pair identity"]["status"] == "blocker"
@@ -140,7 +140,7 @@ def test_a_mismatched_pair_names_each_difference(pair: netns.Pair, tmp_path: Pat
     assert head_code == worker_code == 1
 
 
-def test_an_unreachable_head_is_one_line_in_bounded_time(pair: netns.Pair, tmp_path: Path) -> None:
+def test_an_unreachable_head_is_one_line_in_bounded_time(pair: netns.NodePair, tmp_path: Path) -> None:
     argv, env = doctor_argv(pair, 1, 2, tmp_path)
     started = time.monotonic()
     done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=60)
@@ -152,20 +152,20 @@ def test_an_unreachable_head_is_one_line_in_bounded_time(pair: netns.Pair, tmp_p
     )
     assert "\n" not in peer["detail"]
     # an address nobody on the link has: no answer, the same row, still bounded
-    argv, env = doctor_argv(pair, 1, 2, tmp_path, CLUSTER_HEAD_ADDR=str(pair.network[200]))
+    argv, env = doctor_argv(pair, 1, 2, tmp_path, CLUSTER_HEAD_ADDR=str(pair.subnet[200]))
     done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=60)
     assert rows(done.stdout)["peer"]["detail"].startswith(
-        f"the head {pair.network[200]}:29501 not reachable within 2 s: "
+        f"the head {pair.subnet[200]}:29501 not reachable within 2 s: "
     )
     # a link that is down stops the check before any connection
-    pair.set_down(0)
+    pair.set_link(0, up=False)
     argv, env = doctor_argv(pair, 1, 2, tmp_path)
     done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=60)
     found = rows(done.stdout)
     assert found["link"]["status"] == "blocker" and "is down" in found["link"]["detail"]
     assert found["peer"]["status"] == "skip"
     # the head waits for a worker as long as it was told, then says what to do
-    pair.set_up(0)
+    pair.set_link(0, up=True)
     argv, env = doctor_argv(pair, 0, 2, tmp_path)
     done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=60)
     assert rows(done.stdout)["peer"]["detail"].startswith(
@@ -175,7 +175,7 @@ def test_an_unreachable_head_is_one_line_in_bounded_time(pair: netns.Pair, tmp_p
     assert took < 30  # the doctor's other rows included; the peer part is bounded by 2 s + 2 s
 
 
-def _serve_in(pair: netns.Pair, side: int, code: str) -> subprocess.Popen[str]:
+def _serve_in(pair: netns.NodePair, side: int, code: str) -> subprocess.Popen[str]:
     """A small server (Python source) run inside a namespace; prints "ready" when listening."""
     env = dict(os.environ, PYTHONPATH=str(REPO / "src"))
     server = subprocess.Popen(
@@ -201,12 +201,12 @@ for _ in range(2):
 """
 
 
-def doctor_rows(pair: netns.Pair, side: int, tmp: Path) -> dict[str, dict[str, str]]:
+def doctor_rows(pair: netns.NodePair, side: int, tmp: Path) -> dict[str, dict[str, str]]:
     argv, env = doctor_argv(pair, side, 5, tmp)
     return rows(subprocess.run(argv, env=env, capture_output=True, text=True, timeout=60).stdout)
 
 
-def test_a_running_pair_is_probed_instead(pair: netns.Pair, tmp_path: Path) -> None:
+def test_a_running_pair_is_probed_instead(pair: netns.NodePair, tmp_path: Path) -> None:
     server = _serve_in(pair, 0, WATCH_STAND_IN.format(head=pair.addresses[0]))
     try:
         head, worker = doctor_rows(pair, 0, tmp_path), doctor_rows(pair, 1, tmp_path)
@@ -231,7 +231,7 @@ time.sleep(120)
 """
 
 
-def test_a_port_taken_by_another_program_is_a_blocker(pair: netns.Pair, tmp_path: Path) -> None:
+def test_a_port_taken_by_another_program_is_a_blocker(pair: netns.NodePair, tmp_path: Path) -> None:
     code = PORT_HOLDER.format(head=pair.addresses[0])
     server = _serve_in(pair, 0, code)
     try:

@@ -39,6 +39,14 @@ def facts(argv: list[str]) -> dict:
         ),
         "tool_call_parser": getattr(args, "tool_call_parser", None),
         "reasoning_parser": getattr(config.structured_outputs_config, "reasoning_parser", None),
+        "tensor_parallel_size": config.parallel_config.tensor_parallel_size,
+        "pipeline_parallel_size": config.parallel_config.pipeline_parallel_size,
+        "nnodes": config.parallel_config.nnodes,
+        "node_rank": config.parallel_config.node_rank,
+        "master_addr": config.parallel_config.master_addr,
+        "distributed_executor_backend": config.parallel_config.distributed_executor_backend,
+        "distributed_timeout_seconds": config.parallel_config.distributed_timeout_seconds,
+        "headless": bool(getattr(args, "headless", False)),
     }
 
 

@@ -1,0 +1,237 @@
+"""The pair watch with real processes and real sockets on the loopback interface.
+
+Each node's "vLLM" is a small process tree (a shell with a child), so that stopping it shows
+whether the whole tree goes; one of them ignores SIGTERM, as a rank stuck in a collective
+does. The two-namespace test (tests/e2e/test_cluster_pair.py) runs the same watch in front of
+the real engine."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import psutil
+import pytest
+
+from sparkserve.cluster import health, wire
+from sparkserve.cluster.watch import EXIT_STOPPED
+from sparkserve.command_line import EXIT_BAD_INPUT
+from support.vllm_server import LOOPBACK, free_port
+
+PEER_TIMEOUT_S = 2.0
+GRACE_S = 1.0
+# From a failure to both trees gone: silence (peer timeout + a beat), the grace, slack for a
+# loaded 2-core machine.
+BOUND_S = PEER_TIMEOUT_S + 1.0 + GRACE_S + 4.0
+# A tree that ignores SIGTERM.
+STUBBORN = "trap '' TERM; sleep 300 & wait"  # the child inherits the ignored SIGTERM
+POLITE = "trap 'kill $!; exit 0' TERM; sleep 300 & wait"  # stops its child, as vLLM does
+
+
+@dataclass
+class Node:
+    served: subprocess.Popen[bytes]  # this node's stand-in for vLLM
+    watch: subprocess.Popen[str]
+    state_file: Path
+
+    def tree(self) -> list[psutil.Process]:
+        try:
+            top = psutil.Process(self.served.pid)
+            return [top, *top.children(recursive=True)]
+        except psutil.NoSuchProcess:
+            return []
+
+    def log(self) -> str:
+        assert self.watch.stderr is not None
+        return self.watch.stderr.read()
+
+
+def start_node(
+    tmp: Path, rank: int, port: int, served: str = POLITE, join_s: float = 20.0,
+    env: dict[str, str] | None = None,
+) -> Node:  # fmt: skip
+    tree = subprocess.Popen(["sh", "-c", served], start_new_session=True)
+    state_file = tmp / f"state-{rank}.json"
+    argv = [
+        sys.executable, "-m", "sparkserve.cluster.watch", "--pid", str(tree.pid),
+        "--rank", str(rank), "--head-addr", LOOPBACK, "--host-ip", LOOPBACK, "--port", str(port),
+        "--peer-timeout-s", str(PEER_TIMEOUT_S), "--join-timeout-s", str(join_s),
+        "--grace-s", str(GRACE_S), "--state-file", str(state_file),
+    ]  # fmt: skip
+    watch = subprocess.Popen(argv, stderr=subprocess.PIPE, text=True, env=env)
+    return Node(tree, watch, state_file)
+
+
+def wait_joined(node: Node, timeout_s: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if '"state":"joined"' in _read(node.state_file):
+            return
+        assert node.watch.poll() is None, node.log()
+        time.sleep(0.1)
+    raise AssertionError(f"not joined after {timeout_s} s: {_read(node.state_file)}")
+
+
+def running(proc: psutil.Process) -> bool:
+    try:
+        return proc.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def _read(path: Path) -> str:
+    try:
+        return path.read_text()
+    except OSError:
+        return ""
+
+
+def finish(node: Node, timeout_s: float) -> tuple[int, str]:
+    code = node.watch.wait(timeout=timeout_s)
+    if code == EXIT_STOPPED:  # it stopped its node's tree
+        node.served.wait(timeout=5)
+    return code, node.log()
+
+
+@pytest.fixture()
+def nodes(tmp_path: Path) -> Iterator[list[Node]]:
+    started: list[Node] = []
+    yield started
+    for node in started:
+        leftovers = node.tree() if node.served.poll() is None else []  # before any reaping
+        for proc in (node.watch, node.served):
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+        for leftover in leftovers:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                leftover.kill()
+
+
+def pair(tmp: Path, nodes: list[Node], head_served: str = POLITE) -> tuple[Node, Node, int]:
+    port = free_port()
+    head = start_node(tmp, 0, port, head_served)
+    worker = start_node(tmp, 1, port)
+    nodes += [head, worker]
+    wait_joined(head)
+    wait_joined(worker)
+    return head, worker, port
+
+
+def test_a_joined_pair_answers_probes_and_a_dead_vllm_stops_both(
+    tmp_path: Path, nodes: list[Node]
+) -> None:
+    head, worker, port = pair(tmp_path, nodes, head_served=STUBBORN)
+    time.sleep(1.5)  # a beat from each side
+    about = wire.request(LOOPBACK, port, {"kind": "probe"}, 3.0)
+    assert about["kind"] == "about" and about["rank"] == 0
+    assert set(about["memory"]) == {"0", "1"}
+    assert {"available_gib", "total_gib", "swap_used_gib", "at"} <= set(about["memory"]["1"])
+    assert health.problem(head.state_file) is None
+    assert check_health(worker.state_file) == (0, "")
+    head_tree = head.tree()
+    assert len(head_tree) == 2
+
+    started = time.monotonic()
+    os.killpg(worker.served.pid, signal.SIGKILL)  # the worker's vLLM dies
+    code, log = finish(head, BOUND_S)
+    took = time.monotonic() - started
+    assert code == EXIT_STOPPED
+    assert f"node 1 ({LOOPBACK}): vLLM exited; stopping this node's vLLM" in log
+    assert "SIGKILL to 2 process(es) after a 1 s grace" in log  # the top ignored SIGTERM
+    assert not any(running(proc) for proc in head_tree)
+    assert took < BOUND_S
+    assert finish(worker, 5)[0] == EXIT_STOPPED
+    code, said = check_health(head.state_file)
+    assert code == 1 and said.startswith("sparkserve cluster health: the pair watch is not running")
+    assert said.count("\n") == 1
+
+
+def check_health(state_file: Path) -> tuple[int, str]:
+    """`sparkserve cluster health`, as compose's healthcheck runs it."""
+    argv = [
+        sys.executable,
+        "-m",
+        "sparkserve",
+        "cluster",
+        "health",
+        "--state-file",
+        str(state_file),
+    ]
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=60)
+    return done.returncode, done.stdout + done.stderr
+
+
+def test_health_without_a_watch_is_one_line(tmp_path: Path) -> None:
+    code, said = check_health(tmp_path / "none.json")
+    assert code == 1
+    assert said == (
+        f"sparkserve cluster health: no pair watch state in {tmp_path / 'none.json'} "
+        "(CLUSTER_NODES=2 and the launcher started?)\n"
+    )
+
+
+def test_a_silent_peer_counts_as_lost(tmp_path: Path, nodes: list[Node]) -> None:
+    head, worker, _ = pair(tmp_path, nodes)
+    head_tree = head.tree()
+    started = time.monotonic()
+    worker.watch.send_signal(signal.SIGSTOP)  # alive, connected, silent: a cut link
+    code, log = finish(head, BOUND_S)
+    assert code == EXIT_STOPPED
+    assert f"node 1 ({LOOPBACK}): no heartbeat for" in log
+    assert "link down or host gone" in log
+    assert "exited after SIGTERM" in log
+    assert not any(running(proc) for proc in head_tree)
+    assert time.monotonic() - started < BOUND_S
+    worker.watch.send_signal(signal.SIGCONT)  # it finds the head gone and stops its side
+    assert finish(worker, BOUND_S)[0] == EXIT_STOPPED
+
+
+def test_a_stopped_head_watch_says_bye_and_the_worker_stops(
+    tmp_path: Path, nodes: list[Node]
+) -> None:
+    head, worker, _ = pair(tmp_path, nodes)
+    head.watch.send_signal(signal.SIGTERM)
+    code, log = finish(worker, BOUND_S)
+    assert code == EXIT_STOPPED
+    assert f"node 0 ({LOOPBACK}): its watch got SIGTERM (the node is stopping)" in log
+    assert finish(head, BOUND_S)[0] == EXIT_STOPPED
+
+
+def test_different_software_is_refused_on_both_nodes(tmp_path: Path, nodes: list[Node]) -> None:
+    port = free_port()
+    head = start_node(tmp_path, 0, port)
+    other = dict(os.environ, SPARKSERVE_IMAGE="cpu")
+    worker = start_node(tmp_path, 1, port, env=other)
+    nodes += [head, worker]
+    head_code, head_log = finish(head, 20)
+    worker_code, worker_log = finish(worker, 20)
+    assert (head_code, worker_code) == (EXIT_BAD_INPUT, EXIT_BAD_INPUT)
+    assert "image: here host, peer cpu" in head_log
+    assert f"node 1 ({LOOPBACK}) refused: its software differs" in head_log
+    assert "refused this node: its software differs (here = head): image: here host, peer cpu" in (
+        worker_log
+    )
+    assert json.loads(head.state_file.read_text())["state"] == "stopped"
+
+
+def test_a_worker_waits_for_a_head_that_is_not_listening_until_the_join_timeout(
+    tmp_path: Path, nodes: list[Node]
+) -> None:
+    worker = start_node(tmp_path, 1, free_port(), join_s=3.0)
+    nodes.append(worker)
+    started = time.monotonic()
+    code, log = finish(worker, 20)
+    assert code == EXIT_BAD_INPUT
+    assert 3.0 <= time.monotonic() - started < 10
+    assert "connection refused: its watch is not listening yet" in log
+    assert "no pair after 3 s (CLUSTER_JOIN_TIMEOUT_S)" in log
+    assert worker.served.poll() is None  # nothing joined, nothing stopped: the launcher exits
