@@ -140,7 +140,9 @@ def test_a_mismatched_pair_names_each_difference(pair: netns.NodePair, tmp_path:
     assert head_code == worker_code == 1
 
 
-def test_an_unreachable_head_is_one_line_in_bounded_time(pair: netns.NodePair, tmp_path: Path) -> None:
+def test_an_unreachable_head_is_one_line_in_bounded_time(
+    pair: netns.NodePair, tmp_path: Path
+) -> None:
     argv, env = doctor_argv(pair, 1, 2, tmp_path)
     started = time.monotonic()
     done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=60)

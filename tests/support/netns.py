@@ -129,8 +129,10 @@ class NodePair:
         self.run(self.namespaces[side], "ip", "link", "set", self.ifaces[side], "mtu", str(mtu))
 
     def set_link(self, side: int, up: bool) -> None:
+        """Bring one side's veth up or down and wait until its carrier says so."""
         state = "up" if up else "down"
         self.run(self.namespaces[side], "ip", "link", "set", self.ifaces[side], state)
+        self.wait_carrier(self.namespaces[side], self.ifaces[side], up=up)
 
     def exec_argv(self, namespace: str, argv: Sequence[str]) -> list[str]:
         return ["ip", "netns", "exec", namespace, *argv]
