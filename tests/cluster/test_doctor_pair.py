@@ -49,7 +49,7 @@ def test_address_rules_on_a_hand_made_host() -> None:
         (0, "169.254.10.9", "cx7"): "it is not an address of this host",
         (1, "169.254.10.1", "cx7"): "is this host's own address (on cx7)",
         (1, "10.1.1.1", "cx7"): "is not in the network of CLUSTER_IFACE='cx7'",
-        (1, "127.0.0.1", "cx7"): "not loopback",
+        (1, "224.0.0.1", "cx7"): "not unspecified, multicast or broadcast",
         (1, "300.1.1.1", "cx7"): "CLUSTER_HEAD_ADDR='300.1.1.1': must be an IPv4 address",
         (1, "", "cx7"): "CLUSTER_HEAD_ADDR is empty: required with CLUSTER_NODES=2",
     }  # fmt: skip

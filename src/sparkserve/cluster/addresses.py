@@ -4,8 +4,9 @@ Pure functions over `psutil.net_if_addrs()` (a name -> addresses mapping; each a
 `family`, `address` and `netmask`), so that the launcher and `sparkserve doctor` apply the
 same rules and a test can hand them any host it likes. The rules:
 
-- CLUSTER_HEAD_ADDR is one IPv4 address, not loopback, unspecified, multicast or broadcast
-  (link-local 169.254.x.x is fine: NVIDIA's automatic netplan for two Sparks gives those);
+- CLUSTER_HEAD_ADDR is one IPv4 address, not unspecified, multicast or broadcast
+  (link-local 169.254.x.x is fine: NVIDIA's automatic netplan for two Sparks gives those;
+  loopback is allowed for a rehearsal of both roles on one machine over `lo`);
 - CLUSTER_IFACE exists on this host and has an IPv4 address;
 - on the head (rank 0) CLUSTER_HEAD_ADDR is one of CLUSTER_IFACE's addresses;
 - on the worker (rank 1) it is none of this host's addresses and lies in the network of one
@@ -35,14 +36,13 @@ def head_address(text: str) -> IPv4Address:
     except ValueError:
         raise AddressError(f"CLUSTER_HEAD_ADDR={text!r}: must be an IPv4 address") from None
     if (
-        address.is_loopback
-        or address.is_unspecified
+        address.is_unspecified
         or address.is_multicast
         or address == IPv4Address("255.255.255.255")
     ):
         raise AddressError(
             f"CLUSTER_HEAD_ADDR={text!r}: must be the head's address on the link, "
-            "not loopback, unspecified, multicast or broadcast"
+            "not unspecified, multicast or broadcast"
         )
     return address
 
