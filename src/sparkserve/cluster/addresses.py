@@ -35,11 +35,7 @@ def head_address(text: str) -> IPv4Address:
         address = IPv4Address(text.strip())
     except ValueError:
         raise AddressError(f"CLUSTER_HEAD_ADDR={text!r}: must be an IPv4 address") from None
-    if (
-        address.is_unspecified
-        or address.is_multicast
-        or address == IPv4Address("255.255.255.255")
-    ):
+    if address.is_unspecified or address.is_multicast or address == IPv4Address("255.255.255.255"):
         raise AddressError(
             f"CLUSTER_HEAD_ADDR={text!r}: must be the head's address on the link, "
             "not unspecified, multicast or broadcast"
