@@ -127,6 +127,11 @@ export_cluster_env() {
   # The interface NCCL's bootstrap and socket transport use (NCCL docs, environment
   # variables: NCCL_SOCKET_IFNAME); without it NCCL may pick the wrong port.
   export NCCL_SOCKET_IFNAME="${CLUSTER_IFACE}"
+  # The RoCE devices NCCL's RDMA transport uses (NCCL docs: NCCL_IB_HCA); on a Spark both
+  # halves of the cabled port give the full 200 Gb/s (docs/CLUSTER.md, Cabling and addressing).
+  if [[ -n "${CLUSTER_IB_HCA}" ]]; then
+    export NCCL_IB_HCA="${CLUSTER_IB_HCA}"
+  fi
 }
 
 # print_dry_run: the exact environment and command, secrets hidden, for DRY_RUN=1.
@@ -138,8 +143,10 @@ print_dry_run() {
     printf 'env: %s=%s\n' "${name}" "${!name@Q}"
   done
   if [[ "${CLUSTER_NODES}" == 2 ]]; then
-    for name in VLLM_HOST_IP GLOO_SOCKET_IFNAME NCCL_SOCKET_IFNAME; do
-      printf 'env: %s=%s\n' "${name}" "${!name@Q}"
+    for name in VLLM_HOST_IP GLOO_SOCKET_IFNAME NCCL_SOCKET_IFNAME NCCL_IB_HCA; do
+      if [[ -n "${!name:-}" ]]; then
+        printf 'env: %s=%s\n' "${name}" "${!name@Q}"
+      fi
     done
   fi
   for name in VLLM_API_KEY HF_TOKEN; do

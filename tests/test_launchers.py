@@ -313,6 +313,11 @@ def test_dry_run_of_a_pair_node_shows_the_link_environment_and_the_watch() -> No
     lines = done.stdout.splitlines()
     for name in ("VLLM_HOST_IP='127.0.0.1'", "GLOO_SOCKET_IFNAME='lo'", "NCCL_SOCKET_IFNAME='lo'"):
         assert f"env: {name}" in lines
+    assert not [line for line in lines if line.startswith("env: NCCL_IB_HCA=")]
+    hca = run_launcher("mtp", {**env, "DRY_RUN": "1", "CLUSTER_IB_HCA": "rocep1s0f1,roceP2p1s0f1"})
+    assert "env: NCCL_IB_HCA='rocep1s0f1,roceP2p1s0f1'" in hca.stdout.splitlines()
+    bad = run_launcher("mtp", {**env, "DRY_RUN": "1", "CLUSTER_IB_HCA": "roce p1"})
+    assert bad.returncode == 2 and bad.stderr.startswith("mtp_serve.sh: CLUSTER_IB_HCA='roce p1'")
     (watch,) = [shlex.split(line.removeprefix("watch: ")) for line in lines
                 if line.startswith("watch: ")]  # fmt: skip
     assert watch[:3] == ["python3", "-m", "sparkserve.cluster.watch"]
@@ -321,6 +326,20 @@ def test_dry_run_of_a_pair_node_shows_the_link_environment_and_the_watch() -> No
     assert options["--host-ip"] == "127.0.0.1" and options["--port"] == "29510"
     assert options["--state-file"] == "/state/cluster-watch.json"
     assert options["--api-url"] == ""  # the worker serves no API
+
+
+def test_dflash_across_pipeline_stages_is_refused_in_one_line() -> None:
+    pair = launcher_env(CLUSTER_NODES="2", CLUSTER_HEAD_ADDR="127.0.0.1", CLUSTER_IFACE="lo",
+                        CLUSTER_LAYOUT="pp", DRY_RUN="1")  # fmt: skip
+    refused = run_launcher("dflash", pair)
+    assert (refused.returncode, refused.stdout) == (2, "")
+    assert refused.stderr == (
+        "serve.sh: CLUSTER_LAYOUT='pp': vLLM does not serve the DFlash drafter across pipeline "
+        "stages on Qwen3.5; use CLUSTER_LAYOUT=tp, mtp_serve.sh, or NUM_SPEC_TOKENS=0\n"
+    )
+    assert run_launcher("dflash", {**pair, "NUM_SPEC_TOKENS": "0"}).returncode == 0
+    assert run_launcher("mtp", pair).returncode == 0
+    assert run_launcher("dflash", {**pair, "CLUSTER_LAYOUT": "tp"}).returncode == 0
 
 
 def test_one_node_has_no_cluster_arguments() -> None:

@@ -273,6 +273,12 @@ KNOBS: tuple[Knob, ...] = (
          pattern=r"[A-Za-z0-9_.:-]{1,15}",
          why="This machine's network interface on the link (a ConnectX-7 port); required "
              "with CLUSTER_NODES=2. Gloo and NCCL are told to use it."),
+    Knob("CLUSTER_IB_HCA", "text", "", group="cluster", empty_ok=True,
+         pattern=r"[A-Za-z0-9_]+(:[0-9]+)?(,[A-Za-z0-9_]+(:[0-9]+)?)*",
+         why="The RoCE devices NCCL sends over (NCCL_IB_HCA), comma-separated. A Spark's QSFP "
+             "port is two PCIe x4 halves of up to 100 Gb/s each: name both (ibdev2netdev "
+             "lists them, e.g. rocep1s0f1,roceP2p1s0f1) for the full 200 Gb/s; empty lets "
+             "NCCL choose."),
     Knob("CLUSTER_LAYOUT", "choice", "tp", group="cluster", choices=("tp", "pp"),
          why="How the model is split: tp (tensor parallel: every layer on both, an "
              "all-reduce per layer over the link) or pp (pipeline parallel: half the layers "

@@ -21,6 +21,7 @@ import shlex
 from collections.abc import Mapping
 
 from sparkserve import recipes
+from sparkserve.cluster.layout import check_layout
 from sparkserve.cluster.link import cluster_exports
 from sparkserve.cluster.watch import state_path
 from sparkserve.command_line import EXIT_BAD_INPUT, EXIT_OK, fail
@@ -59,6 +60,7 @@ def exports(env: Mapping[str, str], launcher: Launcher, total_bytes: int) -> lis
         "GUARD_MARKER": str(marker_path(values["HF_HOME"])),
         "GUARD_METRICS_DIR": str(metrics_dir(values["HF_HOME"])),
     }
+    check_layout(values, launcher)
     derived |= cluster_exports(values)
     derived["CLUSTER_STATE_FILE"] = str(state_path(env))
     argv: list[str] = []
