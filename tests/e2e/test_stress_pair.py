@@ -1,16 +1,20 @@
-"""`sparkserve stress` on a pair (CLUSTER_NODES=2) against the run's real vLLM CPU server, the
-head's watch played by a small wire server: the worker's memory fails a run this host
-passes; an unreachable watch is one line and this host is judged alone."""
+"""`sparkserve stress` on a pair (CLUSTER_NODES=2) against the run's real vLLM CPU server: with
+a real pair of watches both hosts' readings come into the report; with the head's watch played
+by a small wire server, the worker's memory fails a run this host passes; an unreachable
+watch is one line and this host is judged alone."""
 
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
 
 from sparkserve.cli import main
-from support.vllm_server import VllmServer, free_port
+from support.vllm_server import LOOPBACK, VllmServer, free_port
 from support.watch_stand_in import WatchStandIn, about, pair_env
 
 
@@ -60,3 +64,47 @@ def test_stress_on_a_pair_judges_both_hosts(
     assert captured.out.strip().startswith("PASS")
     result = json.loads((tmp_path / "alone" / "stress.json").read_text())
     assert result["pair"]["error"].startswith("the pair watch at 127.0.0.1:")
+
+
+def start_watch(tmp: Path, rank: int, port: int, pid: int) -> subprocess.Popen[str]:
+    """A real pair watch on the loopback interface, watching process `pid`."""
+    argv = [
+        sys.executable, "-m", "sparkserve.cluster.watch", "--pid", str(pid), "--rank", str(rank),
+        "--head-addr", LOOPBACK, "--host-ip", LOOPBACK, "--port", str(port),
+        "--peer-timeout-s", "5", "--join-timeout-s", "30", "--grace-s", "1",
+        "--state-file", str(tmp / f"watch-{rank}.json"),
+    ]  # fmt: skip
+    return subprocess.Popen(argv, stderr=subprocess.PIPE, text=True)
+
+
+@pytest.mark.e2e
+def test_stress_reads_both_hosts_from_a_real_pair_of_watches(
+    shared_server: VllmServer,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    port = free_port()
+    served = subprocess.Popen(["sleep", "300"])  # what the watches guard: stands for vLLM
+    watches = [start_watch(tmp_path, rank, port, served.pid) for rank in (0, 1)]
+    try:
+        deadline = time.monotonic() + 30
+        state = tmp_path / "watch-0.json"
+        while '"state":"joined"' not in (state.read_text() if state.exists() else ""):
+            assert time.monotonic() < deadline and all(w.poll() is None for w in watches)
+            time.sleep(0.1)
+        for name, value in pair_env(port).items():
+            monkeypatch.setenv(name, value)
+        code = stress(shared_server, tmp_path / "real")
+    finally:
+        for watch in watches:
+            watch.terminate()
+        served.kill()
+        for process in (*watches, served):
+            process.wait(timeout=30)
+    captured = capsys.readouterr()
+    assert code == 0, captured
+    hosts = json.loads((tmp_path / "real" / "stress.json").read_text())["pair"]["hosts"]
+    for host in ("head", "worker"):  # both watches read this machine's memory
+        assert hosts[host]["readings"] >= 1
+        assert 0 < hosts[host]["min_available_gib"] < 1024
