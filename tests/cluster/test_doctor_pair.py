@@ -187,19 +187,25 @@ def _serve_in(pair: netns.NodePair, side: int, code: str) -> subprocess.Popen[st
     return server
 
 
-WATCH_STAND_IN = """
-import socket, sys
-from sparkserve.cluster import wire
-from sparkserve.cluster.identity import node_identity
-store = socket.create_server(("{head}", 29501))
-watch = socket.create_server(("{head}", 29510))
+def _watch_in(pair: netns.NodePair, side: int, tmp: Path) -> subprocess.Popen[str]:
+    """The real pair watch of `side`, guarding a sleeping process that stands for vLLM."""
+    guarded = pair.argv(side, ["sleep", "120"])
+    served = subprocess.Popen(guarded)
+    argv = [
+        sys.executable, "-m", "sparkserve.cluster.watch", "--pid", str(served.pid),
+        "--rank", str(side), "--head-addr", pair.addresses[0], "--host-ip", pair.addresses[side],
+        "--port", "29510", "--peer-timeout-s", "5", "--join-timeout-s", "30", "--grace-s", "1",
+        "--state-file", str(tmp / f"watch-{side}.json"),
+    ]  # fmt: skip
+    env = dict(os.environ, PYTHONPATH=str(REPO / "src"))
+    return subprocess.Popen(pair.argv(side, argv), env=env, stderr=subprocess.PIPE, text=True)
+
+
+ENGINE_PORT_HOLDER = """
+import socket, time
+held = socket.create_server(("{head}", 29501))  # where the engine's rendezvous listens
 print("ready", flush=True)
-for _ in range(2):
-    connection, _ = watch.accept()
-    with connection:
-        wire.LineReader(connection).receive(5)
-        wire.send(connection, {{"kind": "about", "rank": 0, "identity": node_identity({{}}),
-                               "memory": {{"0": {{}}, "1": {{}}}}}})
+time.sleep(120)
 """
 
 
@@ -209,12 +215,19 @@ def doctor_rows(pair: netns.NodePair, side: int, tmp: Path) -> dict[str, dict[st
 
 
 def test_a_running_pair_is_probed_instead(pair: netns.NodePair, tmp_path: Path) -> None:
-    server = _serve_in(pair, 0, WATCH_STAND_IN.format(head=pair.addresses[0]))
+    engine = _serve_in(pair, 0, ENGINE_PORT_HOLDER.format(head=pair.addresses[0]))
+    watches = [_watch_in(pair, side, tmp_path) for side in (0, 1)]
     try:
+        deadline = time.monotonic() + 30
+        state = tmp_path / "watch-0.json"
+        while '"state":"joined"' not in (state.read_text() if state.exists() else ""):
+            assert time.monotonic() < deadline and all(w.poll() is None for w in watches)
+            time.sleep(0.1)
         head, worker = doctor_rows(pair, 0, tmp_path), doctor_rows(pair, 1, tmp_path)
     finally:
-        server.kill()
-        server.wait()
+        for process in (engine, *watches):
+            process.kill()
+            process.wait()
     assert head["pair server"]["status"] == "ok"
     assert (
         "the pair's server runs here (its watch answered; the worker has joined)"
