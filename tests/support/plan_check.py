@@ -25,7 +25,6 @@ def logged_pool(log: Path) -> int:
 
 CPU_PLAN = """
 import json, sys
-from collections.abc import Callable
 from pathlib import Path
 from sparkserve.memory.kv import KvRequest, kv_geometry
 out = {}
