@@ -206,7 +206,9 @@ def test_server_stopped_mid_run_keeps_what_was_measured(
         )]
     )  # fmt: skip
     time.sleep(1.5)
-    stopper = threading.Thread(target=server.stop, kwargs={"timeout_s": 30})
+    # SIGTERM, and SIGKILL after docker stop's default 10 s: with the run's stream open, vLLM
+    # 0.32's HTTP server stays up until the SIGKILL (a 30 s grace kept this test 30 s longer).
+    stopper = threading.Thread(target=server.stop, kwargs={"timeout_s": 10})
     stopper.start()
     try:
         stdout, stderr = stress.communicate(timeout=120)
