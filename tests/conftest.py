@@ -12,7 +12,10 @@ fresh one."""
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
+import os
 import subprocess
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -49,6 +52,9 @@ ONE_PROCESS = (
     "tests/e2e/test_stress_server.py::",
     "tests/test_guard.py::test_a_fast_hog_is_stopped_right_after_it_crosses_the_floor",
 )
+# Modules that hold GiBs for minutes (two vLLM pairs at a time, about 3.4 GB each): the other
+# process runs them, and they and each memory hog wait for one another (memory_lock).
+MEMORY_HEAVY_MODULES = ("tests/e2e/test_cluster_pair.py",)
 SERVER_FIXTURES = {"shared_server", "second_server", "second_server_once"}
 CONTAINER_TESTS = "tests/e2e/test_container.py"
 
@@ -76,9 +82,10 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """The container test first, then the one-process group, the other end-to-end modules,
-    the rest: the two processes start with the two longest groups. In one process the
-    container test thus runs before the session's servers start."""
+    """In two processes the one-process group first (the longest: it starts at once), then
+    the memory-heavy modules (the other process starts with them, while the group's hogs
+    come last in it), the container test, the other end-to-end modules, the rest. In one
+    process the container test comes first, before the session's servers start."""
     for item in items:
         uses_servers = SERVER_FIXTURES & set(getattr(item, "fixturenames", ()))
         if (uses_servers or item.get_closest_marker("memory_hog")) and group_of(
@@ -88,14 +95,55 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
                 f"{item.nodeid} uses the session's servers or a memory hog: add it to "
                 "ONE_PROCESS in tests/conftest.py"
             )
+    parallel = bool(os.environ.get("PYTEST_XDIST_WORKER"))
+    order = (
+        [ONE_PROCESS_GROUP, *MEMORY_HEAVY_MODULES, CONTAINER_TESTS]
+        if parallel
+        else [CONTAINER_TESTS, ONE_PROCESS_GROUP, *MEMORY_HEAVY_MODULES]
+    )
 
-    def rank(item: pytest.Item) -> int:
+    def rank(item: pytest.Item) -> tuple[int, bool]:
         group = group_of(item.nodeid)
-        if group == CONTAINER_TESTS:
-            return 0
-        return 1 if group == ONE_PROCESS_GROUP else 2 if group != item.nodeid else 3
+        hog = item.get_closest_marker("memory_hog") is not None
+        if group in order:
+            return order.index(group), hog
+        return len(order) + (group == item.nodeid), hog
 
     items.sort(key=rank)
+
+
+@contextlib.contextmanager
+def memory_lock(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """Held by each memory hog and each memory-heavy module, so that no two of them overlap
+    across the run's processes (the lock file is in the run's temporary folder, which its
+    processes share); nothing to hold in one process."""
+    if not os.environ.get("PYTEST_XDIST_WORKER"):
+        yield
+        return
+    with (tmp_path_factory.getbasetemp().parent / "memory.lock").open("w") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _memory_heavy_module(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[None]:
+    heavy = request.node.nodeid.startswith(MEMORY_HEAVY_MODULES)
+    with memory_lock(tmp_path_factory) if heavy else contextlib.nullcontext():
+        yield
+
+
+@pytest.fixture(autouse=True)
+def _memory_hog(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[None]:
+    hog = request.node.get_closest_marker("memory_hog") is not None
+    with memory_lock(tmp_path_factory) if hog else contextlib.nullcontext():
+        yield
 
 
 @pytest.fixture(scope="session")
