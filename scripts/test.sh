@@ -57,4 +57,7 @@ log "lint"
 
 log "pytest"
 cd "${REPO}"
-PYTHONPATH="${REPO}/src${PYTHONPATH:+:${PYTHONPATH}}" exec "${core}/bin/python" -m pytest "$@"
+# Two test processes, one a core (pytest-xdist); the tests of the session's servers and those
+# with a memory hog share one (tests/conftest.py). `-n 0` among the arguments runs one process.
+PYTHONPATH="${REPO}/src${PYTHONPATH:+:${PYTHONPATH}}" exec "${core}/bin/python" -m pytest \
+  -n 2 --dist loadgroup --no-loadscope-reorder "$@"

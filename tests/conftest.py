@@ -12,10 +12,14 @@ fresh one."""
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
+import os
 import subprocess
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -30,10 +34,116 @@ from support.vllm_server import VllmServer
 HERE = Path(__file__).resolve().parent
 
 
+# The suite runs in two processes (scripts/test.sh: pytest-xdist `-n 2`), each with its own
+# session fixtures. The tests below run in one process, in the order collected: those of the
+# session's servers (each server then starts once per run) and those with a memory hog of their
+# own (marked `memory_hog`), so that no two hogs overlap and no hog crosses a stress verdict it
+# is not part of. xdist's scheduler sees only test ids, so they are listed by id; collection
+# checks that the list holds every test of the servers and every hog. Every other end-to-end
+# module is a group of its own (its module fixtures are set up once).
+ONE_PROCESS_GROUP = "servers-and-memory-hogs"
+ONE_PROCESS = (
+    "tests/e2e/test_bench_server.py::",
+    "tests/e2e/test_guard_under_pressure.py::",
+    "tests/e2e/test_launcher_servers.py::",
+    "tests/e2e/test_lmhead_vs_bf16.py::",
+    "tests/e2e/test_metrics_profile.py::test_every_panel_has_data_after_a_bench",
+    "tests/e2e/test_plan_vs_servers.py::",
+    "tests/e2e/test_stress_server.py::",
+    "tests/test_guard.py::test_a_fast_hog_is_stopped_right_after_it_crosses_the_floor",
+)
+# Modules that hold GiBs for minutes (two vLLM pairs at a time, about 3.4 GB each): the other
+# process runs them, and they and each memory hog wait for one another (memory_lock).
+MEMORY_HEAVY_MODULES = ("tests/e2e/test_cluster_pair.py",)
+SERVER_FIXTURES = {"shared_server", "second_server", "second_server_once"}
+CONTAINER_TESTS = "tests/e2e/test_container.py"
+
+
+def group_of(nodeid: str) -> str:
+    """The test's group: tests of one group run in one process."""
+    if nodeid.startswith(ONE_PROCESS):
+        return ONE_PROCESS_GROUP
+    module = nodeid.split("::")[0]
+    return module if module.startswith("tests/e2e/") else nodeid
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    from xdist.scheduler import LoadScopeScheduling
+
+    class Groups(LoadScopeScheduling):
+        """xdist's scope scheduling with group_of's groups, in the order collected."""
+
+        def _split_scope(self, nodeid: str) -> str:
+            return group_of(nodeid)
+
+    config.option.loadscopereorder = False
+    return Groups(config, log)
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """The container test first: it starts its own servers in podman, and on two cores it
-    should not share them with the session's servers (which start with their first user)."""
-    items.sort(key=lambda item: "tests/e2e/test_container.py" not in item.nodeid)
+    """In two processes the one-process group first (the longest: it starts at once), then
+    the memory-heavy modules (the other process starts with them, while the group's hogs
+    come last in it), the container test, the other end-to-end modules, the rest. In one
+    process the container test comes first, before the session's servers start."""
+    for item in items:
+        uses_servers = SERVER_FIXTURES & set(getattr(item, "fixturenames", ()))
+        if (uses_servers or item.get_closest_marker("memory_hog")) and group_of(
+            item.nodeid
+        ) != ONE_PROCESS_GROUP:
+            raise pytest.UsageError(
+                f"{item.nodeid} uses the session's servers or a memory hog: add it to "
+                "ONE_PROCESS in tests/conftest.py"
+            )
+    parallel = bool(os.environ.get("PYTEST_XDIST_WORKER"))
+    order = (
+        [ONE_PROCESS_GROUP, *MEMORY_HEAVY_MODULES, CONTAINER_TESTS]
+        if parallel
+        else [CONTAINER_TESTS, ONE_PROCESS_GROUP, *MEMORY_HEAVY_MODULES]
+    )
+
+    def rank(item: pytest.Item) -> tuple[int, bool]:
+        group = group_of(item.nodeid)
+        hog = item.get_closest_marker("memory_hog") is not None
+        if group in order:
+            return order.index(group), hog
+        return len(order) + (group == item.nodeid), hog
+
+    items.sort(key=rank)
+
+
+@contextlib.contextmanager
+def memory_lock(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """Held by each memory hog and each memory-heavy module, so that no two of them overlap
+    across the run's processes (the lock file is in the run's temporary folder, which its
+    processes share); nothing to hold in one process."""
+    if not os.environ.get("PYTEST_XDIST_WORKER"):
+        yield
+        return
+    with (tmp_path_factory.getbasetemp().parent / "memory.lock").open("w") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _memory_heavy_module(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[None]:
+    heavy = request.node.nodeid.startswith(MEMORY_HEAVY_MODULES)
+    with memory_lock(tmp_path_factory) if heavy else contextlib.nullcontext():
+        yield
+
+
+@pytest.fixture(autouse=True)
+def _memory_hog(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[None]:
+    hog = request.node.get_closest_marker("memory_hog") is not None
+    with memory_lock(tmp_path_factory) if hog else contextlib.nullcontext():
+        yield
 
 
 @pytest.fixture(scope="session")

@@ -212,6 +212,7 @@ def test_launcher_can_run_without_the_guard(tmp_path: Path) -> None:
 # ---------------------------------------------------------------- a fast hog
 
 
+@pytest.mark.memory_hog
 def test_a_fast_hog_is_stopped_right_after_it_crosses_the_floor(tmp_path: Path) -> None:
     """benchmarks/guard_reaction.py, one run: the watched process itself eats memory as fast as
     it can; the guard must SIGTERM it soon after MemAvailable crosses the floor. Prints how low

@@ -17,7 +17,7 @@ from test_stress_server import _start_stress_until_first_level
 
 from sparkserve.memory.host import GIB, read_meminfo
 from support.cpu_launch import launcher_server
-from support.plan_check import cpu_plans, logged_pool
+from support.plan_check import logged_pool, start_cpu_plans
 from support.vllm_server import tail
 
 HOG = """
@@ -48,6 +48,7 @@ STOP_LINE = re.compile(r"stopping vLLM \(pid (\d+)\): (.*) \(at ([\d.]+)\)")
 
 
 @pytest.mark.e2e
+@pytest.mark.memory_hog
 def test_guard_stops_a_real_server_under_memory_pressure(
     tiny_models: dict[str, str], sparkserve_site: Path, cpu_venv_python: str, tmp_path: Path
 ) -> None:
@@ -59,6 +60,13 @@ def test_guard_stops_a_real_server_under_memory_pressure(
         "GUARD_FLOOR_GB": str(floor_gib),
         "EXTRA_ARGS": f"--kv-cache-memory-bytes {KV_BYTES}",
     }
+    # The third planner config: this server's logged pool (MTP, prefix cache, 192 MiB), planned
+    # while the server starts.
+    planned = start_cpu_plans(
+        cpu_venv_python,
+        {"mtp-prefix": {"target": tiny_models["target"], "method": "mtp", "n": 2,
+                        "kv_bytes": KV_BYTES, "prefix": True}},
+    )  # fmt: skip
     server = launcher_server(tmp_path, "mtp", tiny_models, sparkserve_site, knobs).start()
     hog = stress = None
     record = Path(tmp_path / "hf" / "sparkserve" / "guard-stopped.json")
@@ -140,12 +148,7 @@ def test_guard_stops_a_real_server_under_memory_pressure(
     while any(_running(p) for p in guard_pids) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert not any(_running(p) for p in guard_pids), "the guard outlived vLLM"
-    # The third planner config: this server's logged pool (MTP, prefix cache, 192 MiB).
-    predicted = cpu_plans(
-        cpu_venv_python,
-        {"mtp-prefix": {"target": tiny_models["target"], "method": "mtp", "n": 2,
-                        "kv_bytes": KV_BYTES, "prefix": True}},
-    )  # fmt: skip
+    predicted = planned()
     print("pool predicted:", predicted, "logged:", logged_pool(server.log_path))
     assert predicted["mtp-prefix"] == logged_pool(server.log_path)
 

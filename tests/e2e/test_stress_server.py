@@ -105,19 +105,24 @@ def _hog(size: int, hold_s: float) -> str:
 
 
 @pytest.mark.e2e
+@pytest.mark.memory_hog
 def test_a_memory_hog_flips_the_verdict_to_fail_at_its_moment(
     shared_server: VllmServer, tmp_path: Path
 ) -> None:
     available = mem_available_gib()
-    if available < 5:
-        pytest.skip(f"only {available:.1f} GiB available: too little to start a 2 GiB hog")
-    hog_bytes = 2 * 1024**3
-    reserve = available - 1.0  # the hog takes 2 GiB: MemAvailable must fall under this
+    if available < 6:
+        pytest.skip(f"only {available:.1f} GiB available: too little to start a 3 GiB hog")
+    # The hog takes 3 GiB and MemAvailable must fall 1.5 GiB: the tests of the other process
+    # (tests/conftest.py) move MemAvailable too, by less than the hog, so its moment is the
+    # worst one. Its pages can take seconds to arrive on a busy machine: 4 s of idle before,
+    # between and after the two short levels keep the run going meanwhile.
+    hog_bytes = 3 * 1024**3
+    reserve = available - 1.5
     out = tmp_path / "hog"
     stress, lines = _start_stress_until_first_level(
         [sys.executable, "-m", "sparkserve", *stress_argv(
             shared_server, out, "--bank", "1,2", "--prompt-tokens", "512", "--gen-tokens",
-            "400", "--os-reserve-gb", f"{reserve:.3f}",
+            "400", "--os-reserve-gb", f"{reserve:.3f}", "--settle-s", "4",
         )]
     )  # fmt: skip
     time.sleep(0.5)
@@ -201,7 +206,9 @@ def test_server_stopped_mid_run_keeps_what_was_measured(
         )]
     )  # fmt: skip
     time.sleep(1.5)
-    stopper = threading.Thread(target=server.stop, kwargs={"timeout_s": 30})
+    # SIGTERM, and SIGKILL after docker stop's default 10 s: with the run's stream open, vLLM
+    # 0.32's HTTP server stays up until the SIGKILL (a 30 s grace kept this test 30 s longer).
+    stopper = threading.Thread(target=server.stop, kwargs={"timeout_s": 10})
     stopper.start()
     try:
         stdout, stderr = stress.communicate(timeout=120)
@@ -215,5 +222,6 @@ def test_server_stopped_mid_run_keeps_what_was_measured(
     phase = result["phases"][0]
     assert phase["name"] == "c=1" and not phase["complete"]
     assert phase["requests"][0]["error"]
-    assert result["sampling"]["samples"] >= 10
+    # Sampled across the run up to the stop (2 s in), at whatever rate a busy machine allowed.
+    assert result["sampling"]["samples"] >= 2 and result["sampling"]["duration_s"] >= 1.0
     assert os.path.getsize(out / "stress.csv") > 0

@@ -7,6 +7,7 @@ import json
 import os
 import re
 import subprocess
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -38,12 +39,22 @@ print(json.dumps(out))
 """
 
 
-def cpu_plans(python: str, cases: dict[str, dict[str, Any]]) -> dict[str, int]:
-    """Plans with the CPU serving venv's vLLM (the servers' release), one process for all."""
+def start_cpu_plans(python: str, cases: dict[str, dict[str, Any]]) -> Callable[[], dict[str, int]]:
+    """Starts the plans with the CPU serving venv's vLLM (the servers' release), one process
+    for all, in the background; the function returned waits for them."""
     env = dict(os.environ, PYTHONPATH=str(REPO / "src"), VLLM_TARGET_DEVICE="cpu")
-    done = subprocess.run(
+    proc = subprocess.Popen(
         [python, "-c", CPU_PLAN, json.dumps(cases)],
-        capture_output=True, text=True, env=env, timeout=300, check=False,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
     )  # fmt: skip
-    assert done.returncode == 0, done.stderr[-3000:]
-    return json.loads(done.stdout.strip().splitlines()[-1])
+
+    def pools() -> dict[str, int]:
+        out, err = proc.communicate(timeout=300)
+        assert proc.returncode == 0, err[-3000:]
+        return json.loads(out.strip().splitlines()[-1])
+
+    return pools
+
+
+def cpu_plans(python: str, cases: dict[str, dict[str, Any]]) -> dict[str, int]:
+    return start_cpu_plans(python, cases)()

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
-import json
 import math
 from collections.abc import Mapping
 from pathlib import Path
@@ -28,9 +27,6 @@ from sparkserve.client.tool import UsageError, say
 from sparkserve.command_line import EXIT_OK, NumberOption
 from sparkserve.stress.bank import parse_bank
 
-PROG = "sparkserve bench"
-
-
 INF = math.inf
 NUMBER_OPTIONS: tuple[NumberOption, ...] = (
     ("--gen-tokens", int, 2, INF, 256, "tokens each decode request generates (default 256)"),
@@ -40,12 +36,8 @@ NUMBER_OPTIONS: tuple[NumberOption, ...] = (
      "cold/warm pairs, the median is reported; 0 skips the test (default 3)"),
 )  # fmt: skip
 
-HELP = "TTFT, decode speed, speculative acceptance and prefix-cache hits of a server"
-LEVELS = ("--concurrency", "levels to measure, e.g. 1,2,3 (default: 1..MAX_NUM_SEQS)")
 
-
-def add_command(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    parser = tool.add_parser(commands, "bench", HELP, __doc__, LEVELS, NUMBER_OPTIONS)
+def own_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--kinds", default=",".join(KINDS), help=f"prompt kinds (default {','.join(KINDS)})"
     )
@@ -53,7 +45,6 @@ def add_command(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -
         "--api", choices=("chat", "completions"), default="chat",
         help="the endpoint to send to (default chat: the model's chat template)",
     )  # fmt: skip
-    parser.set_defaults(run=run)
 
 
 def parse_kinds(text: str) -> tuple[str, ...]:
@@ -61,10 +52,6 @@ def parse_kinds(text: str) -> tuple[str, ...]:
     if not text.strip() or any(k not in KINDS for k in kinds) or len(set(kinds)) != len(kinds):
         raise UsageError(f"bad --kinds {text!r}: must be some of {','.join(KINDS)}, each once")
     return kinds
-
-
-def run(args: argparse.Namespace, env: Mapping[str, str] | None = None) -> int:
-    return tool.checked(PROG, lambda: _run(args, tool.environment(args, env)))
 
 
 def _run(args: argparse.Namespace, env: Mapping[str, str]) -> int:
@@ -107,7 +94,7 @@ def _run(args: argparse.Namespace, env: Mapping[str, str]) -> int:
     if outcome.status != "done":
         measured = getattr(bench, "partial", {"ttft": None, "decode": []})
     result: dict[str, Any] = {
-        "tool": PROG,
+        "tool": COMMAND.prog,
         "version": __version__,
         "started_at": started,
         "status": outcome.label("DONE"),
@@ -130,10 +117,7 @@ def _run(args: argparse.Namespace, env: Mapping[str, str]) -> int:
         "files": {"json": "bench.json", "markdown": "bench.md", "png": "bench.png"},
     }
     write_outputs(out, result)
-    if outcome.error:
-        say(f"[bench] {outcome.error}")
-    print(markdown(result), end="", flush=True)
-    say(f"[bench] wrote {out}/bench.json, bench.md, bench.png")
+    tool.report(out, result, outcome, markdown(result))
     return outcome.exit_code(EXIT_OK)
 
 
@@ -143,6 +127,13 @@ def write_outputs(out: Path, result: dict[str, Any]) -> None:
 
         plot(result, out / "bench.png")
 
-    tool.plot_or_note(result, draw, "bench")
+    tool.write_result(out, result, draw)
     (out / "bench.md").write_text(markdown(result))
-    (out / "bench.json").write_text(json.dumps(result, indent=2) + "\n")
+
+
+COMMAND = tool.LoadCommand(
+    "bench", "TTFT, decode speed, speculative acceptance and prefix-cache hits of a server",
+    ("--concurrency", "levels to measure, e.g. 1,2,3 (default: 1..MAX_NUM_SEQS)"),
+    NUMBER_OPTIONS, own_options, _run,
+)  # fmt: skip
+add_command = COMMAND.add_command

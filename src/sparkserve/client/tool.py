@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
+import json
 import os
 import signal
 import sys
@@ -29,51 +30,69 @@ class RunAborted(RuntimeError):
 BEFORE_LOAD_ERRORS = (UsageError, KnobError, PreflightError, DotenvError)
 
 
-def add_parser(
-    commands: argparse._SubParsersAction[argparse.ArgumentParser],
-    name: str,
-    help_text: str,
-    description: str | None,
-    levels: tuple[str, str],
-    numbers: tuple[cl.NumberOption, ...],
-) -> argparse.ArgumentParser:
-    """The command's parser with one-line errors, the options every such command has, its
-    concurrency levels option (name, help) and its number options."""
-    parser = commands.add_parser(
-        name,
-        help=help_text,
-        description=description,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    cl.one_line_errors(parser, f"sparkserve {name}")
-    parser.add_argument(
-        "--url", help="the server (default: http://127.0.0.1:$PORT, PORT from the knobs)"
-    )
-    parser.add_argument(
-        "--model",
-        help="served model name (default: $SERVED_MODEL_NAME if set, else the only one served)",
-    )
-    parser.add_argument("--out", type=Path, help="output folder (default: a new dated one)")
-    parser.add_argument(
-        "--env-file", type=Path,
-        help="a compose .env to read knobs from (PORT, API_KEY, ...); the environment wins",
-    )  # fmt: skip
-    parser.add_argument(
-        "--request-timeout", type=cl.ranged(float, "--request-timeout", 0.1), default=900.0,
-        metavar="S", help="seconds a request may wait for its next bytes (default 900)",
-    )  # fmt: skip
-    parser.add_argument(
-        "--max-num-seqs", type=cl.ranged(int, "--max-num-seqs", 1),
-        help="the server's MAX_NUM_SEQS for the default levels (default: the knob)",
-    )  # fmt: skip
-    parser.add_argument(levels[0], help=levels[1])
-    cl.add_numbers(parser, numbers)
-    return parser
+@dataclass(frozen=True)
+class LoadCommand:
+    """A command that loads a running server: its name and help, its concurrency levels option
+    (name, help), its number options, a function adding its other own options, and its body
+    (the parsed arguments and the knobs' environment -> the exit status), whose module's
+    docstring is the command's description. The options every such command has, the one-line
+    errors and the environment come from here."""
 
+    name: str
+    help: str
+    levels: tuple[str, str]
+    numbers: tuple[cl.NumberOption, ...]
+    own_options: Callable[[argparse.ArgumentParser], None]
+    body: Callable[[argparse.Namespace, Mapping[str, str]], int]
 
-def environment(args: argparse.Namespace, env: Mapping[str, str] | None) -> dict[str, str]:
-    """The knobs' environment: `env` (default: the process's) over --env-file's variables."""
-    return with_dotenv(os.environ if env is None else env, args.env_file)
+    @property
+    def prog(self) -> str:
+        return f"sparkserve {self.name}"
+
+    @property
+    def description(self) -> str | None:
+        return sys.modules[self.body.__module__].__doc__
+
+    def add_command(self, commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+        parser = commands.add_parser(
+            self.name,
+            help=self.help,
+            description=self.description,
+            formatter_class=argparse.RawDescriptionHelpFormatter,
+        )
+        cl.one_line_errors(parser, self.prog)
+        parser.add_argument(
+            "--url", help="the server (default: http://127.0.0.1:$PORT, PORT from the knobs)"
+        )
+        parser.add_argument(
+            "--model",
+            help="served model name (default: $SERVED_MODEL_NAME if set, else the only one served)",
+        )
+        parser.add_argument("--out", type=Path, help="output folder (default: a new dated one)")
+        parser.add_argument(
+            "--env-file", type=Path,
+            help="a compose .env to read knobs from (PORT, API_KEY, ...); the environment wins",
+        )  # fmt: skip
+        parser.add_argument(
+            "--request-timeout", type=cl.ranged(float, "--request-timeout", 0.1), default=900.0,
+            metavar="S", help="seconds a request may wait for its next bytes (default 900)",
+        )  # fmt: skip
+        parser.add_argument(
+            "--max-num-seqs", type=cl.ranged(int, "--max-num-seqs", 1),
+            help="the server's MAX_NUM_SEQS for the default levels (default: the knob)",
+        )  # fmt: skip
+        parser.add_argument(self.levels[0], help=self.levels[1])
+        cl.add_numbers(parser, self.numbers)
+        self.own_options(parser)
+        parser.set_defaults(run=self.run)
+
+    def run(self, args: argparse.Namespace, env: Mapping[str, str] | None = None) -> int:
+        """The body on `env` (default: the process's) over --env-file's variables; an error
+        found before any load is one line and EXIT_BAD_INPUT."""
+        try:
+            return self.body(args, with_dotenv(os.environ if env is None else env, args.env_file))
+        except BEFORE_LOAD_ERRORS as exc:
+            return cl.fail(self.prog, exc, cl.EXIT_BAD_INPUT)
 
 
 def max_num_seqs(args: argparse.Namespace, env: Mapping[str, str]) -> int:
@@ -103,14 +122,6 @@ def output_folder(given: Path | None, stem: str) -> Path:
 
 def say(line: str) -> None:
     print(line, file=sys.stderr, flush=True)
-
-
-def checked(prog: str, body: Callable[[], int]) -> int:
-    """Run a command's body; an error found before any load is one line and EXIT_BAD_INPUT."""
-    try:
-        return body()
-    except BEFORE_LOAD_ERRORS as exc:
-        return cl.fail(prog, exc, cl.EXIT_BAD_INPUT)
 
 
 @dataclass
@@ -148,10 +159,23 @@ def run_cut_short(
     return outcome
 
 
-def plot_or_note(result: dict[str, Any], draw: Callable[[], None], tag: str) -> None:
-    """Draw the plot; without matplotlib, note it and drop the png from the result's files."""
+def report(out: Path, result: dict[str, Any], outcome: Outcome, text: str) -> None:
+    """After the run: `text` (the table or verdict) on stdout; what cut the run short, if
+    anything, and the files written on stderr."""
+    stem = result["tool"].split()[-1]
+    if outcome.error:
+        say(f"[{stem}] {outcome.error}")
+    print(text, end="", flush=True)
+    say(f"[{stem}] wrote {out}/" + ", ".join(f for f in result["files"].values() if f))
+
+
+def write_result(out: Path, result: dict[str, Any], draw: Callable[[], None]) -> None:
+    """The plot (`draw`), then `<tool>.json`; without matplotlib the run is noted and the json
+    names no png."""
+    stem = result["tool"].split()[-1]
     try:
         draw()
     except ImportError as exc:
         result["files"]["png"] = None
-        say(f"[{tag}] no plot: {exc} (install matplotlib)")
+        say(f"[{stem}] no plot: {exc} (install matplotlib)")
+    (out / f"{stem}.json").write_text(json.dumps(result, indent=2) + "\n")

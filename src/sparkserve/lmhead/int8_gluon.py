@@ -157,13 +157,6 @@ def gluon_int8_linear(
 ) -> Any:
     m, k = x2.shape
     n = w_int8.shape[0]
-    if x2.stride(1) != 1:
-        x2 = x2.contiguous()
-    if w_int8.stride(1) != 1:
-        w_int8 = w_int8.contiguous()
-    scale = scale.to(dtype=torch.float32).contiguous()
-    if bias is not None:
-        bias = bias.contiguous()
     grid = ((n + cfg.block_n - 1) // cfg.block_n,)
     return launch_rows_kernel(
         _int8_gluon_kernel, grid, x2, w_int8, scale, bias, out, m, n, k, cfg.num_warps,

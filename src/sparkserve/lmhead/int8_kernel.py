@@ -393,13 +393,6 @@ def _triton_int8_linear(
         raise ValueError(f"{cfg} cannot read a weight in the 'wgmma' layout")
     if tiled:  # the mmab kernel reads x in the weight's stored column order: one small gather
         x2 = x2.index_select(1, _stored_order(k, x2.device))
-    if x2.stride(1) != 1:
-        x2 = x2.contiguous()
-    if w_int8.stride(1) != 1:
-        w_int8 = w_int8.contiguous()
-    scale = scale.to(dtype=torch.float32).contiguous()
-    if bias is not None:
-        bias = bias.contiguous()
     grid = (triton.cdiv(m, cfg.rows_per_program) * triton.cdiv(n, cfg.block_n),)
     if cfg.kind != "mmab":
         raise ValueError(f"unknown kernel kind {cfg.kind!r}; allowed: mmab, gluon, wgmma")

@@ -33,9 +33,6 @@ from sparkserve.stress.run import StressRun, kv_probe
 from sparkserve.stress.sampler import MemorySampler, Sample
 from sparkserve.stress.verdict import GuardStop, judge
 
-PROG = "sparkserve stress"
-
-
 INF = math.inf
 NUMBER_OPTIONS: tuple[NumberOption, ...] = (
     ("--os-reserve-gb", float, 0, INF, None,
@@ -53,12 +50,8 @@ NUMBER_OPTIONS: tuple[NumberOption, ...] = (
     ("--progress-s", float, 0.1, INF, 5.0, "seconds between progress lines (default 5)"),
 )  # fmt: skip
 
-HELP = "fill the server's KV pool at several concurrencies while watching host memory"
-LEVELS = ("--bank", "concurrency levels, e.g. 1,2,4 (default: 1,2,3,MAX_NUM_SEQS+1)")
 
-
-def add_command(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    parser = tool.add_parser(commands, "stress", HELP, __doc__, LEVELS, NUMBER_OPTIONS)
+def own_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--server-log", type=Path,
         help="a vLLM log to read the pool size from ('GPU KV cache size: N tokens')",
@@ -68,7 +61,6 @@ def add_command(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -
         help="the memory guard's stop record, to name a guard stop in the verdict "
         f"(default: $HF_HOME/{MARKER_NAME} where HF_HOME is set, as in the container)",
     )  # fmt: skip
-    parser.set_defaults(run=run)
 
 
 def guard_stop(given: Path | None, env: Mapping[str, str], t0_epoch: float) -> GuardStop | None:
@@ -80,10 +72,6 @@ def guard_stop(given: Path | None, env: Mapping[str, str], t0_epoch: float) -> G
     except (OSError, ValueError, KeyError, TypeError):
         return None
     return GuardStop(at - t0_epoch, str(record.get("reason", ""))) if at >= t0_epoch else None
-
-
-def run(args: argparse.Namespace, env: Mapping[str, str] | None = None) -> int:
-    return tool.checked(PROG, lambda: _run(args, tool.environment(args, env)))
 
 
 def _pool_from_log(path: Path) -> int:
@@ -159,7 +147,7 @@ def _run(args: argparse.Namespace, env: Mapping[str, str]) -> int:
     duration = samples[-1].t - samples[0].t if len(samples) > 1 else 0.0
     phase_dicts = [r.as_dict(samples, sampler.t0) for r in stress.records if r.start_t is not None]
     result: dict[str, Any] = {
-        "tool": PROG,
+        "tool": COMMAND.prog,
         "version": __version__,
         "started_at": started.isoformat(timespec="seconds"),
         "t0_epoch": t0_epoch,
@@ -191,13 +179,9 @@ def _run(args: argparse.Namespace, env: Mapping[str, str]) -> int:
     if pair_report is not None or pair_note:
         result["pair"] = pair_report or {"error": pair_note}
     write_outputs(out, result, samples, verdict.worst_t, reserve)
-    if outcome.error:
-        say(f"[stress] {outcome.error}")
-    if pair_report is not None:
-        print(pair_memory.table(pair_report), flush=True)
     prefix = "" if outcome.status == "done" else "partial run: "
-    print(f"{prefix}{verdict.line}", flush=True)
-    say(f"[stress] wrote {out}/stress.json, stress.csv, stress.png")
+    table = "" if pair_report is None else pair_memory.table(pair_report) + "\n"
+    tool.report(out, result, outcome, f"{table}{prefix}{verdict.line}\n")
     return outcome.exit_code(EXIT_OK if verdict.passed else EXIT_FAILED)
 
 
@@ -222,5 +206,12 @@ def write_outputs(
         label = "worst moment" if result["verdict"]["result"] == "FAIL" else "lowest MemAvailable"
         plot(samples, result["phases"], reserve, worst_t, title, out / "stress.png", label)
 
-    tool.plot_or_note(result, draw, "stress")
-    (out / "stress.json").write_text(json.dumps(result, indent=2) + "\n")
+    tool.write_result(out, result, draw)
+
+
+COMMAND = tool.LoadCommand(
+    "stress", "fill the server's KV pool at several concurrencies while watching host memory",
+    ("--bank", "concurrency levels, e.g. 1,2,4 (default: 1,2,3,MAX_NUM_SEQS+1)"),
+    NUMBER_OPTIONS, own_options, _run,
+)  # fmt: skip
+add_command = COMMAND.add_command
