@@ -49,6 +49,7 @@ ONE_PROCESS = (
     "tests/e2e/test_lmhead_vs_bf16.py::",
     "tests/e2e/test_metrics_profile.py::test_every_panel_has_data_after_a_bench",
     "tests/e2e/test_plan_vs_servers.py::",
+    "tests/e2e/test_stress_pair.py::",
     "tests/e2e/test_stress_server.py::",
     "tests/test_guard.py::test_a_fast_hog_is_stopped_right_after_it_crosses_the_floor",
 )
