@@ -426,7 +426,7 @@ def test_calibration_on_the_gpu_is_never_slower_than_bf16_and_graph_safe() -> No
     n, k = 32768, 1024
     w = (torch.randn(n, k, device=dev) * 0.02).to(torch.bfloat16)
     q, s = int8_kernel.quantize_rows_int8(w)
-    preferred = layout.preferred_layout(dev)
+    preferred = int8_kernel.preferred_layout(dev)
     weights = {preferred: layout.pack(q, preferred), layout.ROWS: q}
     plan = calibrate.calibrate(weights, s, _bf16(w), max_rows=39)
     assert plan.source == "measured" and len(plan.groups) == 3
