@@ -170,7 +170,14 @@ def tiny_models(cpu_venv_python: str, tmp_path_factory: pytest.TempPathFactory) 
 
 @pytest.fixture(scope="session")
 def sparkserve_site(cpu_venv_python: str, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return install_sparkserve(tmp_path_factory.mktemp("sparkserve-site"))
+    # pip builds this checkout in place (build/, *.egg-info): one process at a time
+    target = tmp_path_factory.mktemp("sparkserve-site")
+    with (tmp_path_factory.getbasetemp().parent / "sparkserve-site.lock").open("w") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            return install_sparkserve(target)
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
 
 
 STOP_LIMIT_S = 30.0
