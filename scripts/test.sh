@@ -39,6 +39,8 @@ export SPARKSERVE_VLLM_BUGGY_SRC
 export VLLM_TARGET_DEVICE=cpu
 # Debian's Prometheus, promtool and node-exporter for the metrics tests (apt, when missing).
 ensure_metrics_packages
+# iproute2's `ip` for the two-node tests in network namespaces (apt, when missing).
+ensure_netns_packages
 export PATH="${core}/bin:${PATH}"
 
 # The container end-to-end test (tests/e2e/test_container.py): podman, a Debian base image,

@@ -36,3 +36,9 @@ ensure_debian_packages() {
 ensure_metrics_packages() {
   ensure_debian_packages "${METRICS_COMMANDS[*]}" "${METRICS_DEBIAN_PACKAGES[@]}"
 }
+
+# The pair's tests (tests/e2e/test_cluster_pair.py, tests/cluster/) make network namespaces
+# joined by a veth pair with iproute2's `ip`.
+ensure_netns_packages() {
+  ensure_debian_packages "ip" iproute2
+}
