@@ -39,8 +39,8 @@ HERE = Path(__file__).resolve().parent
 # session's servers (each server then starts once per run) and those with a memory hog of their
 # own (marked `memory_hog`), so that no two hogs overlap and no hog crosses a stress verdict it
 # is not part of. xdist's scheduler sees only test ids, so they are listed by id; collection
-# checks that the list holds every test of the servers and every hog. Every other end-to-end
-# module is a group of its own (its module fixtures are set up once).
+# checks that the list holds every test of the servers and every hog. Every other module is a
+# group of its own (its module fixtures are set up once).
 ONE_PROCESS_GROUP = "servers-and-memory-hogs"
 ONE_PROCESS = (
     "tests/e2e/test_bench_server.py::",
@@ -64,8 +64,8 @@ def group_of(nodeid: str) -> str:
     """The test's group: tests of one group run in one process."""
     if nodeid.startswith(ONE_PROCESS):
         return ONE_PROCESS_GROUP
-    module = nodeid.split("::")[0]
-    return module if module.startswith("tests/e2e/") else nodeid
+    # a module's tests share its module fixtures (vLLM imported, models built): one process
+    return nodeid.split("::")[0]
 
 
 @pytest.hookimpl(optionalhook=True)
@@ -108,7 +108,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         hog = item.get_closest_marker("memory_hog") is not None
         if group in order:
             return order.index(group), hog
-        return len(order) + (group == item.nodeid), hog
+        return len(order) + (not group.startswith("tests/e2e/")), hog
 
     items.sort(key=rank)
 

@@ -18,6 +18,7 @@ import pytest
 
 from sparkserve.cluster.addresses import AddressError, link_address
 from support import netns
+from support.watches import wait_joined, watch_argv
 
 REPO = Path(__file__).resolve().parents[2]
 WAIT_S = 20
@@ -61,10 +62,7 @@ def test_address_rules_on_a_hand_made_host() -> None:
 
 @pytest.fixture()
 def pair() -> Iterator[netns.NodePair]:
-    reason = netns.unavailable()
-    if reason:
-        pytest.skip(reason)
-    with netns.node_pair() as made:
+    with netns.node_pair_or_skip() as made:
         yield made
 
 
@@ -191,12 +189,8 @@ def _watch_in(pair: netns.NodePair, side: int, tmp: Path) -> subprocess.Popen[st
     """The real pair watch of `side`, guarding a sleeping process that stands for vLLM."""
     guarded = pair.argv(side, ["sleep", "120"])
     served = subprocess.Popen(guarded)
-    argv = [
-        sys.executable, "-m", "sparkserve.cluster.watch", "--pid", str(served.pid),
-        "--rank", str(side), "--head-addr", pair.addresses[0], "--host-ip", pair.addresses[side],
-        "--port", "29510", "--peer-timeout-s", "5", "--join-timeout-s", "30", "--grace-s", "1",
-        "--state-file", str(tmp / f"watch-{side}.json"),
-    ]  # fmt: skip
+    argv = watch_argv(served.pid, side, pair.addresses[0], pair.addresses[side], 29510,
+                      tmp / f"watch-{side}.json")  # fmt: skip
     env = dict(os.environ, PYTHONPATH=str(REPO / "src"))
     return subprocess.Popen(pair.argv(side, argv), env=env, stderr=subprocess.PIPE, text=True)
 
@@ -218,11 +212,7 @@ def test_a_running_pair_is_probed_instead(pair: netns.NodePair, tmp_path: Path) 
     engine = _serve_in(pair, 0, ENGINE_PORT_HOLDER.format(head=pair.addresses[0]))
     watches = [_watch_in(pair, side, tmp_path) for side in (0, 1)]
     try:
-        deadline = time.monotonic() + 30
-        state = tmp_path / "watch-0.json"
-        while '"state":"joined"' not in (state.read_text() if state.exists() else ""):
-            assert time.monotonic() < deadline and all(w.poll() is None for w in watches)
-            time.sleep(0.1)
+        wait_joined(tmp_path / "watch-0.json", watches)
         head, worker = doctor_rows(pair, 0, tmp_path), doctor_rows(pair, 1, tmp_path)
     finally:
         for process in (engine, *watches):

@@ -22,10 +22,7 @@ SRC = Path(__file__).resolve().parents[2] / "src"
 
 @pytest.fixture(scope="module")
 def pair() -> Iterator[netns.NodePair]:
-    reason = netns.unavailable()
-    if reason:
-        pytest.skip(reason)
-    with netns.node_pair() as made:
+    with netns.node_pair_or_skip() as made:
         yield made
 
 

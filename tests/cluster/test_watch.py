@@ -25,6 +25,8 @@ from sparkserve.cluster import health, wire
 from sparkserve.cluster.watch import EXIT_STOPPED
 from sparkserve.command_line import EXIT_BAD_INPUT
 from support.vllm_server import LOOPBACK, free_port
+from support.watches import wait_joined as joined
+from support.watches import watch_argv
 
 PEER_TIMEOUT_S = 2.0
 GRACE_S = 1.0
@@ -60,24 +62,16 @@ def start_node(
 ) -> Node:  # fmt: skip
     tree = subprocess.Popen(["sh", "-c", served], start_new_session=True)
     state_file = tmp / f"state-{rank}.json"
-    argv = [
-        sys.executable, "-m", "sparkserve.cluster.watch", "--pid", str(tree.pid),
-        "--rank", str(rank), "--head-addr", LOOPBACK, "--host-ip", LOOPBACK, "--port", str(port),
-        "--peer-timeout-s", str(PEER_TIMEOUT_S), "--join-timeout-s", str(join_s),
-        "--grace-s", str(GRACE_S), "--state-file", str(state_file),
-    ]  # fmt: skip
+    argv = watch_argv(
+        tree.pid, rank, LOOPBACK, LOOPBACK, port, state_file,
+        peer_timeout_s=PEER_TIMEOUT_S, join_timeout_s=join_s, grace_s=GRACE_S,
+    )  # fmt: skip
     watch = subprocess.Popen(argv, stderr=subprocess.PIPE, text=True, env=env)
     return Node(tree, watch, state_file)
 
 
 def wait_joined(node: Node, timeout_s: float = 20.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if '"state":"joined"' in _read(node.state_file):
-            return
-        assert node.watch.poll() is None, node.log()
-        time.sleep(0.1)
-    raise AssertionError(f"not joined after {timeout_s} s: {_read(node.state_file)}")
+    joined(node.state_file, [node.watch], timeout_s)
 
 
 def running(proc: psutil.Process) -> bool:
@@ -85,13 +79,6 @@ def running(proc: psutil.Process) -> bool:
         return proc.status() != psutil.STATUS_ZOMBIE
     except psutil.NoSuchProcess:
         return False
-
-
-def _read(path: Path) -> str:
-    try:
-        return path.read_text()
-    except OSError:
-        return ""
 
 
 def finish(node: Node, timeout_s: float) -> tuple[int, str]:

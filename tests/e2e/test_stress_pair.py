@@ -7,8 +7,6 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -16,6 +14,7 @@ import pytest
 from sparkserve.cli import main
 from support.vllm_server import LOOPBACK, VllmServer, free_port
 from support.watch_stand_in import WatchStandIn, about, pair_env
+from support.watches import wait_joined, watch_argv
 
 
 def stress(server: VllmServer, out: Path) -> int:
@@ -68,12 +67,7 @@ def test_stress_on_a_pair_judges_both_hosts(
 
 def start_watch(tmp: Path, rank: int, port: int, pid: int) -> subprocess.Popen[str]:
     """A real pair watch on the loopback interface, watching process `pid`."""
-    argv = [
-        sys.executable, "-m", "sparkserve.cluster.watch", "--pid", str(pid), "--rank", str(rank),
-        "--head-addr", LOOPBACK, "--host-ip", LOOPBACK, "--port", str(port),
-        "--peer-timeout-s", "5", "--join-timeout-s", "30", "--grace-s", "1",
-        "--state-file", str(tmp / f"watch-{rank}.json"),
-    ]  # fmt: skip
+    argv = watch_argv(pid, rank, LOOPBACK, LOOPBACK, port, tmp / f"watch-{rank}.json")
     return subprocess.Popen(argv, stderr=subprocess.PIPE, text=True)
 
 
@@ -88,11 +82,7 @@ def test_stress_reads_both_hosts_from_a_real_pair_of_watches(
     served = subprocess.Popen(["sleep", "300"])  # what the watches guard: stands for vLLM
     watches = [start_watch(tmp_path, rank, port, served.pid) for rank in (0, 1)]
     try:
-        deadline = time.monotonic() + 30
-        state = tmp_path / "watch-0.json"
-        while '"state":"joined"' not in (state.read_text() if state.exists() else ""):
-            assert time.monotonic() < deadline and all(w.poll() is None for w in watches)
-            time.sleep(0.1)
+        wait_joined(tmp_path / "watch-0.json", watches)
         for name, value in pair_env(port).items():
             monkeypatch.setenv(name, value)
         code = stress(shared_server, tmp_path / "real")

@@ -22,6 +22,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 
 import psutil
+import pytest
 
 PREFIX = "spn"
 _NAME = re.compile(rf"^{PREFIX}(\d+)x(\d+)[hw]$")
@@ -202,3 +203,13 @@ def node_pair() -> Iterator[NodePair]:
         yield pair
     finally:
         pair.remove()
+
+
+@contextlib.contextmanager
+def node_pair_or_skip() -> Iterator[NodePair]:
+    """node_pair(), or the test skipped with the reason namespaces cannot be made here."""
+    reason = unavailable()
+    if reason:
+        pytest.skip(reason)
+    with node_pair() as made:
+        yield made

@@ -36,7 +36,6 @@ from typing import Any
 from sparkserve.check_row import Check
 from sparkserve.cluster import wire
 from sparkserve.cluster.identity import differences
-from sparkserve.memory.host import GIB, read_meminfo
 
 PORTS_NEEDED = (
     "open between the nodes: TCP CLUSTER_PORT and CLUSTER_WATCH_PORT to the head, and any "
@@ -71,17 +70,6 @@ class Meeting:
     back: str = ""  # the head reaching the worker's ephemeral port: "" ok, else why not
     spare_reached: bool = False
     notes: list[str] = field(default_factory=list)
-
-
-def reading() -> dict[str, float]:
-    """This host's memory as the watch reports it (wire's reading)."""
-    memory = read_meminfo()
-    return {
-        "available_gib": round(memory.available / GIB, 3),
-        "total_gib": round(memory.total / GIB, 3),
-        "swap_used_gib": round(memory.swap_used / GIB, 3),
-        "at": time.time(),
-    }
 
 
 def why_not(error: OSError) -> str:
@@ -209,7 +197,7 @@ def answer(side: Side, connection: socket.socket, meeting: Meeting, spare_port: 
     if message["kind"] != "probe":
         return
     about: dict[str, Any] = {
-        "kind": "about", "rank": 0, "identity": side.identity, "memory": {"0": reading()},
+        "kind": "about", "rank": 0, "identity": side.identity, "memory": {"0": wire.reading()},
     }  # fmt: skip
     doctor = message.get("doctor")
     if isinstance(doctor, dict):

@@ -49,7 +49,6 @@ from sparkserve.command_line import (
     sigterm_when_parent_dies,
     standalone,
 )
-from sparkserve.memory.host import GIB, read_meminfo
 
 PROG = "sparkserve cluster watch"
 STATE_NAME = "cluster-watch.json"
@@ -67,17 +66,6 @@ def state_path(env: Mapping[str, str]) -> Path:
     container), else the temp folder."""
     folder = env.get("SPARKSERVE_STATE_DIR") or env.get("TMPDIR") or "/tmp"
     return Path(folder) / STATE_NAME
-
-
-def reading() -> dict[str, float]:
-    """This host's memory now, as wire's docstring defines a reading."""
-    mem = read_meminfo()
-    return {
-        "available_gib": round(mem.available / GIB, 3),
-        "total_gib": round(mem.total / GIB, 3),
-        "swap_used_gib": round(mem.swap_used / GIB, 3),
-        "at": round(time.time(), 3),
-    }
 
 
 def log(message: str) -> None:
@@ -114,7 +102,7 @@ class Watch:
         self.peer_rank = 1 - options.rank
         self.peer_addr = options.head_addr if options.rank == 1 else "?"
         self.lock = threading.Lock()
-        self.memory: dict[str, dict[str, float]] = {str(options.rank): reading()}
+        self.memory: dict[str, dict[str, float]] = {str(options.rank): wire.reading()}
         self.phase = "waiting"
         self.peer_seen = 0.0  # time.time() of the last message from the peer
         self.terminated = threading.Event()
@@ -243,7 +231,7 @@ class Watch:
 
     def about(self) -> wire.Message:
         with self.lock:
-            self.memory[str(self.o.rank)] = reading()
+            self.memory[str(self.o.rank)] = wire.reading()
             memory = dict(self.memory)
         return {"kind": "about", "rank": self.o.rank, "identity": self.identity, "memory": memory}
 
@@ -345,7 +333,7 @@ class Watch:
                 )
             if time.monotonic() >= next_look:
                 next_look = time.monotonic() + wire.BEAT_S
-                mine = reading()
+                mine = wire.reading()
                 with self.lock:
                     self.memory[str(self.o.rank)] = mine
                 self.tree.refresh()

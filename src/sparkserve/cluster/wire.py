@@ -21,6 +21,8 @@ import socket
 import time
 from typing import Any
 
+from sparkserve.memory.host import GIB, read_meminfo
+
 BEAT_S = 1.0  # how often each side of a joined pair sends a beat
 MAX_LINE = 64 * 1024  # a longer line is a peer speaking something else
 
@@ -29,6 +31,17 @@ Message = dict[str, Any]
 
 class WireError(OSError):
     """The peer closed, went silent, or sent something that is not one of our messages."""
+
+
+def reading() -> dict[str, float]:
+    """This host's memory now, as a reading (above)."""
+    memory = read_meminfo()
+    return {
+        "available_gib": round(memory.available / GIB, 3),
+        "total_gib": round(memory.total / GIB, 3),
+        "swap_used_gib": round(memory.swap_used / GIB, 3),
+        "at": round(time.time(), 3),
+    }
 
 
 def encode(message: Message) -> bytes:
