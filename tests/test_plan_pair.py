@@ -39,36 +39,39 @@ def geometry(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     return write_geometry_models(tmp_path_factory.mktemp("pair-geometry"))
 
 
-def run_ranks(geometry: tuple[Path, Path], layout: str, work: Path) -> list[dict[str, Any]]:
-    """Both ranks of `layout` at once (one for "one"), each in its own process."""
-    port = str(free_port())
-    ranks = range(1 if layout == "one" else 2)
-    procs = []
-    for rank in ranks:
-        out = work / f"{layout}-{rank}.json"
-        command = [sys.executable, str(RANK), *map(str, geometry), layout, str(rank), port, out]
-        procs.append(
-            subprocess.Popen(
+def run_ranks(
+    geometry: tuple[Path, Path], layouts: tuple[str, ...], work: Path
+) -> dict[str, list[dict[str, Any]]]:
+    """Every rank of each layout (one for "one") at once, each in its own process; each
+    layout's group on a port of its own."""
+    started = []
+    for layout in layouts:
+        port = str(free_port())
+        for rank in range(1 if layout == "one" else 2):
+            out = work / f"{layout}-{rank}.json"
+            command = [sys.executable, RANK, *geometry, layout, rank, port, out]
+            proc = subprocess.Popen(
                 list(map(str, command)), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
             )
-        )
+            started.append((layout, out, proc))
     try:
-        outputs = [proc.communicate(timeout=300)[0] for proc in procs]
+        outputs = [proc.communicate(timeout=300)[0] for _, _, proc in started]
     finally:
-        for proc in procs:
+        for _, _, proc in started:
             if proc.poll() is None:
                 proc.kill()
                 proc.wait()
-    for proc, output in zip(procs, outputs, strict=True):
+    built: dict[str, list[dict[str, Any]]] = {layout: [] for layout in layouts}
+    for (layout, out, proc), output in zip(started, outputs, strict=True):
         assert proc.returncode == 0, output[-3000:]
-    return [json.loads((work / f"{layout}-{rank}.json").read_text()) for rank in ranks]
+        built[layout].append(json.loads(out.read_text()))
+    return built
 
 
 @pytest.fixture(scope="module")
 def ranks(geometry: tuple[Path, Path], tmp_path_factory: pytest.TempPathFactory) -> dict:
     """What vLLM builds on one node (the whole model) and on each rank of tp and pp."""
-    work = tmp_path_factory.mktemp("ranks")
-    return {layout: run_ranks(geometry, layout, work) for layout in ("one", "tp", "pp")}
+    return run_ranks(geometry, ("one", "tp", "pp"), tmp_path_factory.mktemp("ranks"))
 
 
 # Several `sparkserve plan` command lines in one process: vLLM is imported once.
