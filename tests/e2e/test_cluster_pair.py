@@ -149,7 +149,11 @@ def test_worker_killed_mid_stream_stops_both(pairs: Pairs) -> None:
     pair.kill_node(pair.net.worker)
     TIMES["worker killed mid-stream"] = pair.wait_gone(since, BOUND_S)
     rest = client.communicate(timeout=60)[0]
-    assert "data: [DONE]" not in rest  # the stream broke off instead of finishing
+    # The stream broke off, or vLLM ended it with an error event (code 500) before its
+    # [DONE]; it never finished the 3000 tokens.
+    compact = rest.replace(" ", "")
+    assert "data: [DONE]" not in rest or '"error":' in compact, rest[-500:]
+    assert '"finish_reason":"length"' not in compact and '"finish_reason":"stop"' not in compact
     head = pair.head.log()
     assert f"node 1 ({pair.net.worker_ip}): the peer closed the connection" in head
 
