@@ -4,6 +4,7 @@ Pure functions over `psutil.net_if_addrs()` (a name -> addresses mapping; each a
 `family`, `address` and `netmask`), so that the launcher and `sparkserve doctor` apply the
 same rules and a test can hand them any host it likes. The rules:
 
+- CLUSTER_IFACE exists, is up and has a carrier;
 - CLUSTER_HEAD_ADDR is one IPv4 address, not unspecified, multicast or broadcast
   (link-local 169.254.x.x is fine: NVIDIA's automatic netplan for two Sparks gives those;
   loopback is allowed for a rehearsal of both roles on one machine over `lo`);
@@ -25,6 +26,29 @@ from typing import Any
 
 class AddressError(ValueError):
     """The pair's addresses do not fit this host; the message is one line."""
+
+
+def interface_problem(iface: str, stats: Mapping[str, Any]) -> str | None:
+    """Why CLUSTER_IFACE cannot carry the pair (missing, down, no carrier), in one line, or
+    None. `stats` is `psutil.net_if_stats()` (each entry's `flags` holds up and running)."""
+    if not iface:
+        return (
+            "CLUSTER_IFACE='': required with CLUSTER_NODES=2 (this machine's network interface "
+            "on the link)"
+        )
+    if iface not in stats:
+        return f"CLUSTER_IFACE={iface!r}: no such interface here (have: {', '.join(sorted(stats))})"
+    flags = stats[iface].flags.split(",")
+    if "up" not in flags:
+        return (
+            f"CLUSTER_IFACE={iface!r}: the interface is down (bring it up: ip link set {iface} up)"
+        )
+    if "running" not in flags:
+        return (
+            f"CLUSTER_IFACE={iface!r}: the interface is up but has no link (no carrier: check "
+            "the cable and the other machine's port)"
+        )
+    return None
 
 
 def head_address(text: str) -> IPv4Address:

@@ -14,40 +14,17 @@ from collections.abc import Mapping
 
 import psutil
 
-from sparkserve.cluster.addresses import AddressError, link_address
+from sparkserve.cluster.addresses import AddressError, interface_problem, link_address
 from sparkserve.knobs import KnobError
-
-
-def _interface_state(iface: str) -> None:
-    """KnobError unless the interface exists, is up and has a carrier."""
-    if not iface:
-        raise KnobError(
-            "CLUSTER_IFACE='': required with CLUSTER_NODES=2 (this machine's network interface "
-            "on the link)"
-        )
-    names = sorted(psutil.net_if_addrs())
-    if iface not in names:
-        raise KnobError(
-            f"CLUSTER_IFACE={iface!r}: no such interface here (have: {', '.join(names)})"
-        )
-    stats = psutil.net_if_stats().get(iface)
-    flags = stats.flags.split(",") if stats is not None else []
-    if "up" not in flags:
-        raise KnobError(
-            f"CLUSTER_IFACE={iface!r}: the interface is down (bring it up: ip link set {iface} up)"
-        )
-    if "running" not in flags:
-        raise KnobError(
-            f"CLUSTER_IFACE={iface!r}: the interface is up but has no link (no carrier: check "
-            "the cable and the other machine's port)"
-        )
 
 
 def host_ip(values: Mapping[str, str]) -> str:
     """This node's address on the link, after checking the link's knobs (KnobError). The
     address rules are cluster.addresses', which `sparkserve doctor` applies too."""
     iface = values["CLUSTER_IFACE"]
-    _interface_state(iface)
+    problem = interface_problem(iface, psutil.net_if_stats())
+    if problem is not None:
+        raise KnobError(problem)
     rank = int(values["CLUSTER_RANK"])
     try:
         mine = link_address(rank, values["CLUSTER_HEAD_ADDR"], iface, psutil.net_if_addrs())
