@@ -9,8 +9,7 @@ naming the knob, the value and what is allowed, and exits 2 (the launcher then s
 Besides the knobs it exports VLLM_FOUND_VERSION, MEM_TOTAL_GIB, GUARD_MARKER (the guard's
 record of a stop), CLUSTER_HOST_IP and CLUSTER_DIST_TIMEOUT_S (a pair's link, checked by
 sparkserve.cluster.link; empty on one node), CLUSTER_STATE_FILE (the pair watch's state),
-for each workaround WORKAROUND_<NAME> (1: apply) and its _REASON, and what
-the applying ones add: WORKAROUND_ARGV (a bash array of `vllm serve` arguments),
+and what the workarounds that apply add: WORKAROUND_ARGV (a bash array of `vllm serve` arguments),
 WORKAROUND_SPECULATIVE_FIELDS (`,"key":value` text for the speculative config's JSON) and
 WORKAROUND_NOTES (a bash array: each one's reason, for the launcher to print).
 """
@@ -68,8 +67,6 @@ def exports(env: Mapping[str, str], launcher: Launcher, total_bytes: int) -> lis
     speculative = ""
     for workaround in WORKAROUNDS:
         applies = workaround.applies(vllm_version, launcher, values["PREFIX_CACHE"] == "1")
-        derived[workaround.env] = "1" if applies else "0"
-        derived[f"{workaround.env}_REASON"] = workaround.reason
         if applies:
             notes.append(workaround.reason)
             argv += workaround.vllm_args

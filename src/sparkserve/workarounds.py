@@ -12,7 +12,6 @@ from sparkserve.versions import parse_release
 
 @dataclass(frozen=True)
 class Workaround:
-    env: str  # the variable the launcher reads (1: apply)
     first: tuple[int, ...]  # first affected release
     last: tuple[int, ...]  # last affected release (inclusive; patch level ignored)
     launchers: tuple[Launcher, ...]
@@ -41,7 +40,6 @@ class Workaround:
 
 WORKAROUNDS: tuple[Workaround, ...] = (
     Workaround(
-        env="WORKAROUND_DISABLE_EAGLE_BLOCK_DROP",
         first=(0, 30),
         last=(0, 32),
         launchers=("dflash",),
@@ -53,7 +51,6 @@ WORKAROUNDS: tuple[Workaround, ...] = (
         speculative_fields={"disable_eagle_block_drop": True},
     ),
     Workaround(
-        env="WORKAROUND_MAMBA_ALIGN_FLAG",
         first=(0, 23),
         last=(0, 32),
         launchers=("dflash", "mtp"),
