@@ -11,7 +11,8 @@ MemAvailable falls below the floor, swap-out runs faster than the limit or memor
 1. logs why, with the numbers, on stderr (the container's log);
 2. writes a marker (JSON) to the model-cache volume, which the launcher reads on its next
    start and refuses to start until the user sets GUARD_RESUME=1 (docs/MEMORY.md);
-3. sends vLLM SIGTERM, and SIGKILL (to vLLM and its children) after a grace period.
+3. stops vLLM (sparkserve.stopping): SIGTERM, and SIGKILL to its whole process tree after a
+   grace period.
 
 With --textfile-dir it also keeps its state in a Prometheus text file there (guard_textfile.py)
 for node-exporter's textfile collector.
@@ -53,6 +54,7 @@ from sparkserve.command_line import (
 from sparkserve.knobs import BY_NAME
 from sparkserve.memory.host import GIB, read_meminfo, read_swap_traffic
 from sparkserve.memory.pressure import read_pressure
+from sparkserve.stopping import Tree, stop
 
 # The record of a stop, under HF_HOME (the model-cache volume); the launcher gets the full
 # path as GUARD_MARKER from `sparkserve knobs resolve`, doctor looks for it too.
@@ -155,45 +157,6 @@ def next_wait(interval_s: float, available: int, floor: int, falling_bytes_s: fl
     return min(interval_s, max(0.01, (available - floor) / falling_bytes_s / 2))
 
 
-def _start_time(pid: int) -> str | None:
-    """The process's start time (field 22 of /proc/PID/stat): tells a reused PID apart."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    return stat.rsplit(")", 1)[1].split()[19]
-
-
-def alive(pid: int, started: str | None) -> bool:
-    now = _start_time(pid)
-    if now is None or now != started:
-        return False
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return False
-    return state not in ("Z", "X")
-
-
-def descendants(pid: int) -> list[int]:
-    """Every process below `pid`, found from /proc (children first listed after parents)."""
-    parents: dict[int, list[int]] = {}
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        with contextlib.suppress(OSError, IndexError, ValueError):
-            ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
-            parents.setdefault(ppid, []).append(int(entry.name))
-    found: list[int] = []
-    queue = [pid]
-    while queue:
-        for child in parents.get(queue.pop(), []):
-            if child != os.getpid():
-                found.append(child)
-                queue.append(child)
-    return found
-
-
 def log(message: str) -> None:
     stamp = time.strftime("%Y-%m-%dT%H:%M:%S")
     print(f"{PROG}: {stamp} {message}", file=sys.stderr, flush=True)
@@ -210,22 +173,6 @@ def write_marker(path: Path | None, trip: Trip, pid: int) -> None:
         log(f"could not write the marker {path}: {error.strerror}")
     else:
         log(f"wrote {path}; the next start refuses until GUARD_RESUME=1 (docs/MEMORY.md)")
-
-
-def stop(pid: int, started: str | None, grace_s: float) -> str:
-    """SIGTERM, wait up to grace_s, then SIGKILL the process and its descendants."""
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # our parent's death is expected now
-    with contextlib.suppress(ProcessLookupError):
-        os.kill(pid, signal.SIGTERM)
-    deadline = time.monotonic() + grace_s
-    while time.monotonic() < deadline:
-        if not alive(pid, started):
-            return "exited after SIGTERM"
-        time.sleep(0.1)
-    for victim in [pid, *descendants(pid)]:
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.kill(victim, signal.SIGKILL)
-    return f"SIGKILL after {grace_s:.0f} s"
 
 
 def _die_with_parent(pid: int) -> None:
@@ -265,8 +212,8 @@ def _watch(
     textfile_dir: Path | None,
     state: guard_textfile.GuardState,
 ) -> int:
-    started = _start_time(pid)
-    if started is None:
+    tree = Tree(pid)
+    if not tree.top_alive():
         log(f"pid {pid} is not running; nothing to guard")
         return EXIT_OK
     _die_with_parent(pid)
@@ -283,7 +230,7 @@ def _watch(
     )
     last: tuple[float, int] | None = None
     written = 0.0
-    while alive(pid, started):
+    while tree.top_alive():
         mem = read_meminfo()
         now = time.monotonic()
         swap_rate = rate.add(now, read_swap_traffic().swapped_out)
@@ -311,11 +258,13 @@ def _watch(
             write_marker(marker, trip, pid)
             state.tripped, state.trip_time = rule, trip.at
             guard_textfile.write(textfile_dir, state)
-            how = stop(pid, started, grace_s)
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)  # our parent's death is expected now
+            how = stop(tree, grace_s)
             log(f"vLLM (pid {pid}) {how}")
             return EXIT_STOPPED
         if now - written >= 1.0:
             guard_textfile.write(textfile_dir, state)
+            tree.refresh()  # vLLM's processes, remembered for a stop
             written = now
         falling = 0.0 if last is None else (last[1] - mem.available) / max(now - last[0], 1e-3)
         last = (now, mem.available)

@@ -126,7 +126,7 @@ def test_guard_stops_a_real_server_under_memory_pressure(
     # vLLM aborts its requests and ends its engine processes (which hold the memory) at the
     # SIGTERM; with the stress run's stream still open its HTTP server then waits for that
     # connection to close, until the guard's SIGKILL after the grace period.
-    assert "vLLM (pid" in log and ("exited after SIGTERM" in log or "SIGKILL after" in log)
+    assert "vLLM (pid" in log and ("exited after SIGTERM" in log or "SIGKILL to" in log)
     assert "API server: engine client stopped" in log
     assert json.loads(record.read_text())["reason"].startswith("MemAvailable")
     print("stress:", verdict.strip())

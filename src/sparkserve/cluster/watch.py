@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import errno
+import faulthandler
 import json
 import os
 import queue
@@ -40,7 +41,6 @@ from typing import Any
 
 from sparkserve.cluster import wire
 from sparkserve.cluster.identity import differences, node_identity
-from sparkserve.cluster.stopping import Tree, stop
 from sparkserve.command_line import (
     EXIT_BAD_INPUT,
     EXIT_FAILED,
@@ -49,6 +49,7 @@ from sparkserve.command_line import (
     sigterm_when_parent_dies,
     standalone,
 )
+from sparkserve.stopping import Tree, stop
 
 PROG = "sparkserve cluster watch"
 STATE_NAME = "cluster-watch.json"
@@ -56,6 +57,7 @@ GREETING_S = 5.0  # a connection must say what it wants within this
 CONNECT_S = 5.0  # one connection attempt to the head
 PROGRESS_S = 15.0  # how often a waiting node says it still waits
 TICK_S = 0.1
+STALL_S = 1.0  # a main-loop tick this late means this watch itself was not running
 # connect() errors that mean no machine answers at that address (as opposed to a machine
 # that answers but has no watch listening yet: ECONNREFUSED).
 UNREACHABLE = {errno.EHOSTUNREACH, errno.ENETUNREACH, errno.EHOSTDOWN, errno.ENETDOWN}
@@ -104,7 +106,8 @@ class Watch:
         self.lock = threading.Lock()
         self.memory: dict[str, dict[str, float]] = {str(options.rank): wire.reading()}
         self.phase = "waiting"
-        self.peer_seen = 0.0  # time.time() of the last message from the peer
+        self.peer_seen = 0.0  # time.time() of the last message from the peer (state file)
+        self.heard = 0.0  # time.monotonic() of the same
         self.terminated = threading.Event()
         self.tree = Tree(options.pid)
 
@@ -298,7 +301,7 @@ class Watch:
                 failures.put(f"the connection broke ({error.strerror or error})")
                 return
             with self.lock:
-                self.peer_seen = time.time()
+                self.peer_seen, self.heard = time.time(), time.monotonic()
                 if message["kind"] == "beat" and isinstance(message.get("memory"), dict):
                     self.memory[str(self.peer_rank)] = message["memory"]
             if message["kind"] == "bye":
@@ -309,12 +312,16 @@ class Watch:
         """Beat until something fails; returns why (the peer's or this node's fault)."""
         with self.lock:
             self.phase = "joined"
-            self.peer_seen = time.time()
+            self.peer_seen, self.heard = time.time(), time.monotonic()
         log(f"pair joined: {self.node(0)} head, {self.node(1)} worker")
         failures: queue.Queue[str] = queue.Queue()
         threading.Thread(target=self.listen_to_peer, args=(reader, failures), daemon=True).start()
         threading.Thread(target=self.beat, args=(sock,), daemon=True).start()
         next_look = 0.0
+        # Silence is counted only while this watch runs: after a stall of its own (a host too
+        # busy to schedule it), the peer's beats may still sit unread in the socket, so the
+        # peer gets a whole timeout again from the moment this watch resumed.
+        counting_from = last_tick = time.monotonic()
         while True:
             with contextlib.suppress(queue.Empty):
                 return Stop(f"{self.node(self.peer_rank)}: {failures.get(timeout=TICK_S)}",
@@ -323,7 +330,12 @@ class Watch:
                 return self.local_stop(sock, "vLLM exited")
             if self.terminated.is_set():
                 return self.local_stop(sock, "its watch got SIGTERM (the node is stopping)")
-            silent = time.time() - self.peer_seen
+            now = time.monotonic()
+            if now - last_tick > STALL_S:
+                counting_from = now
+            last_tick = now
+            with self.lock:
+                silent = now - max(self.heard, counting_from)
             if silent > self.o.peer_timeout_s:
                 return Stop(
                     f"{self.node(self.peer_rank)}: no heartbeat for {silent:.0f} s "
@@ -425,6 +437,8 @@ def run(args: argparse.Namespace) -> int:
     )  # fmt: skip
     watch = Watch(options, node_identity(os.environ))
     _die_with_parent(args.pid, watch.terminated.set)
+    # `kill -USR1 <watch>` writes every thread's stack to its log: a watch that looks stuck.
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
     # Best effort (root only): a beat must not wait behind vLLM's busy threads on a loaded
     # host, and the OOM killer should pick the watch last.
     with contextlib.suppress(OSError):

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from sparkserve.cluster.stopping import Tree, stop
+from sparkserve.stopping import Tree, stop
 
 # Maps a file in /dev/shm (as Python's SharedMemory, psm_*, does), ignores SIGTERM and has a
 # child that does the same: a rank stuck in a collective.

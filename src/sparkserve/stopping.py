@@ -1,12 +1,12 @@
-"""Stop this node's vLLM and everything it started, even when it hangs in a collective.
+"""Stop vLLM and everything it started, even when part of it hangs.
 
-vLLM's processes on one node form a tree (API server, engine core, workers). When the peer is
-lost a rank may sit in a collective that never returns and ignore SIGTERM, and a tree killed
-with SIGKILL leaves its shared-memory rings (/dev/shm/psm_*, Python's SharedMemory names)
-behind. So: SIGTERM the top, wait for the whole tree up to a grace, SIGKILL what is left
-(the tree is collected before any signal, plus whatever was seen below it earlier, since a
-child whose parent died is no longer found below it), then remove the /dev/shm files the
-killed processes had open.
+vLLM's processes form a tree (API server, engine core, workers). A rank may sit in a
+collective that never returns (its peer is gone) and ignore SIGTERM, and a tree killed with
+SIGKILL leaves its shared-memory rings (/dev/shm/psm_*, Python's SharedMemory names) behind.
+So: SIGTERM the top, wait for the whole tree up to a grace, SIGKILL what is left (the tree is
+collected before any signal, plus whatever was seen below it earlier, since a child whose
+parent died is no longer found below it), then remove the /dev/shm files the killed
+processes had open. The memory guard and the pair watch both stop vLLM this way.
 """
 
 from __future__ import annotations
