@@ -37,6 +37,16 @@ def test_silence_a_close_and_foreign_bytes_are_errors() -> None:
         decode(b'{"no": "kind"}')
 
 
+def test_a_message_already_waiting_counts_when_no_time_is_left() -> None:
+    """A reader that was not scheduled until after its deadline still finds what arrived."""
+    left, right = socket.socketpair()
+    with left, right:
+        send(left, {"kind": "beat", "memory": {}})
+        assert LineReader(right).receive(0.0) == {"kind": "beat", "memory": {}}
+        with pytest.raises(WireError, match="no message for 0 s"):
+            LineReader(right).receive(0.0)
+
+
 def test_request_gets_the_one_reply() -> None:
     server = socket.create_server(("127.0.0.1", 0))
     port = server.getsockname()[1]

@@ -125,10 +125,32 @@ class Pair:
         while self.pids() and time.monotonic() - since < bound_s:
             time.sleep(0.1)
         took = time.monotonic() - since
-        assert not self.pids(), f"processes left {took:.0f} s after the failure\n{self.logs()}"
+        if self.pids():
+            left = self.describe_left()  # before the logs: it asks stuck watches for stacks
+            raise AssertionError(f"processes left {took:.0f} s after the failure:\n{left}\n"
+                                 f"{self.logs()}")  # fmt: skip
         for node in self.nodes:
             node.proc.wait(timeout=5)  # reap the launchers we started
         return took
+
+    def describe_left(self) -> str:
+        """One line per process left in either namespace; a pair watch among them writes its
+        threads' stacks to its node's log (SIGUSR1)."""
+        lines = []
+        for namespace in (self.net.head, self.net.worker):
+            for pid in self.net.pids(namespace):
+                with contextlib.suppress(OSError):
+                    stat = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+                    wchan = Path(f"/proc/{pid}/wchan").read_text()
+                    argv = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ")
+                    lines.append(
+                        f"{namespace} pid {pid} ppid {stat[1]} state {stat[0]} "
+                        f"wchan {wchan or '-'}: {argv.decode(errors='replace')[:160]}"
+                    )
+                    if b"sparkserve.cluster.watch" in argv:
+                        os.kill(pid, signal.SIGUSR1)
+        time.sleep(1.0)
+        return "\n".join(lines)
 
     def kill_node(self, namespace: str) -> None:
         """SIGKILL every process of a node (its watch, guard and vLLM): a machine gone."""

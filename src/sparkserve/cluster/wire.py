@@ -64,13 +64,15 @@ class LineReader:
         while b"\n" not in self.buffer:
             if len(self.buffer) > MAX_LINE:
                 raise WireError(f"a line longer than {MAX_LINE} bytes: not a sparkserve peer")
+            # Out of time, one last look without waiting: a message that arrived while this
+            # process was not scheduled is in the socket, and counts.
             left = deadline - time.monotonic()
-            if left <= 0:
-                raise WireError(f"no message for {timeout:g} s")
-            self.sock.settimeout(left)
+            self.sock.settimeout(max(left, 0.0))
             try:
                 chunk = self.sock.recv(4096)
-            except TimeoutError:
+            except (TimeoutError, BlockingIOError):
+                if left <= 0:
+                    raise WireError(f"no message for {timeout:g} s") from None
                 continue
             if not chunk:
                 raise WireError("the peer closed the connection")
