@@ -157,12 +157,17 @@ def test_an_unreachable_head_is_one_line_in_bounded_time(
     assert rows(done.stdout)["peer"]["detail"].startswith(
         f"the head {pair.subnet[200]}:29501 not reachable within 2 s: "
     )
-    # a link that is down stops the check before any connection
+    # a link that is down stops the check before any connection, in the launcher's words
     pair.set_link(0, up=False)
+    pair.wait_carrier(pair.namespaces[1], pair.ifaces[1], up=False)  # the far end sees it
     argv, env = doctor_argv(pair, 1, 2, tmp_path)
     done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=60)
     found = rows(done.stdout)
-    assert found["link"]["status"] == "blocker" and "is down" in found["link"]["detail"]
+    assert found["link"]["status"] == "blocker"
+    assert found["link"]["detail"] == (
+        f"CLUSTER_IFACE={pair.ifaces[1]!r}: the interface is up but has no link (no carrier: "
+        "check the cable and the other machine's port)"
+    )
     assert found["peer"]["status"] == "skip"
     # the head waits for a worker as long as it was told, then says what to do
     pair.set_link(0, up=True)

@@ -20,7 +20,7 @@ from typing import Any
 import psutil
 
 from sparkserve.check_row import Check, Status
-from sparkserve.cluster.addresses import AddressError, link_address
+from sparkserve.cluster.addresses import AddressError, interface_problem, link_address
 
 SPARK_LINK_MBPS = 200_000
 JUMBO_MTU = 9000
@@ -37,14 +37,10 @@ class LinkEnd:
 
 
 def interface_row(iface: str, stats: Mapping[str, Any], spark: bool) -> Check:
-    if not iface:
-        return Check("link", "blocker", "CLUSTER_IFACE is empty: name the link's interface")
-    nic = stats.get(iface)
-    if nic is None:
-        known = ", ".join(sorted(stats)) or "none"
-        return Check("link", "blocker", f"CLUSTER_IFACE={iface!r}: no such interface ({known})")
-    if not nic.isup:
-        return Check("link", "blocker", f"{iface} is down: check the cable, `ip link set up`")
+    problem = interface_problem(iface, stats)  # the launcher's own rule
+    if problem:
+        return Check("link", "blocker", problem)
+    nic = stats[iface]
     speed = f"{nic.speed} Mb/s" if nic.speed else "speed not reported"
     status: Status = "ok"
     note = ""
