@@ -303,6 +303,12 @@ def test_dflash_prefix_cache_workaround_follows_the_vllm_release(
     assert "disable_eagle_block_drop" not in mtp.stdout
     off = run_launcher("dflash", {**env, "PREFIX_CACHE": "0"})
     assert "disable_eagle_block_drop" not in off.stdout
+    # no drafter, no speculative config: nothing to fix in it, and nothing said about it
+    undrafted = run_launcher("dflash", {**env, "NUM_SPEC_TOKENS": "0"})
+    assert undrafted.returncode == 0, undrafted.stderr
+    assert "--speculative-config" not in undrafted.stdout
+    assert "vLLM issue #51250" not in undrafted.stderr
+    assert ("'--mamba-cache-mode' 'align'" in undrafted.stdout) is applied
 
 
 def test_dry_run_of_a_pair_node_shows_the_link_environment_and_the_watch() -> None:

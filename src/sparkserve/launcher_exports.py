@@ -66,7 +66,12 @@ def exports(env: Mapping[str, str], launcher: Launcher, total_bytes: int) -> lis
     notes: list[str] = []
     speculative = ""
     for workaround in WORKAROUNDS:
-        applies = workaround.applies(vllm_version, launcher, values["PREFIX_CACHE"] == "1")
+        applies = workaround.applies(
+            vllm_version,
+            launcher,
+            prefix_cache=values["PREFIX_CACHE"] == "1",
+            speculating=int(values["NUM_SPEC_TOKENS"]) > 0,
+        )
         if applies:
             notes.append(workaround.reason)
             argv += workaround.vllm_args

@@ -20,7 +20,11 @@ class Workaround:
     vllm_args: tuple[str, ...] = ()  # appended to `vllm serve`
     speculative_fields: dict[str, object] = field(default_factory=dict)  # into its JSON
 
-    def applies(self, version: str, launcher: Launcher, prefix_cache: bool) -> bool:
+    def applies(
+        self, version: str, launcher: Launcher, prefix_cache: bool, speculating: bool
+    ) -> bool:
+        """Whether the launcher adds it; a fix of the speculative config needs one (a
+        launcher passes none with NUM_SPEC_TOKENS=0)."""
         try:
             release = parse_release(version)[:2]
         except ValueError:
@@ -28,6 +32,7 @@ class Workaround:
         return (
             launcher in self.launchers
             and (prefix_cache or not self.needs_prefix_cache)
+            and (speculating or not self.speculative_fields)
             and self.first[:2] <= release <= self.last[:2]
         )
 
