@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from sparkserve.knobs import KNOBS, Knob
+from sparkserve.launcher_exports import main_resolve
 from support.cpu_launch import LAUNCHERS
 from support.geometry import write_geometry_models
 
@@ -180,11 +181,40 @@ def sentinel_bin(tmp_path: Path) -> tuple[Path, Path]:
 
 @pytest.mark.parametrize("launcher", sorted(LAUNCHERS))
 @pytest.mark.parametrize(("knob", "value"), BAD, ids=[f"{k.name}={v}" for k, v in BAD])
-def test_bad_knob_value_is_one_line_exit_2_and_nothing_starts(
-    launcher: str, knob: Knob, value: str, sentinel_bin: tuple[Path, Path]
+def test_bad_knob_value_is_one_line_exit_2_and_no_exports(
+    launcher: str, knob: Knob, value: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
+    """Every bad value of every knob, through what the launcher runs first (`sparkserve knobs
+    resolve`, here in-process): exit 2, one line naming the knob and the value (a secret's
+    value never), and no exports, so the launcher stops before anything else."""
     if launcher not in knob.launchers:
         pytest.skip(f"{knob.name} is not read by the {launcher} launcher")
+    prog = LAUNCHERS[launcher].name
+    code = main_resolve(launcher, launcher_env(**{knob.name: value}), prog)
+    out, err = capsys.readouterr()
+    assert (code, out) == (2, "")
+    lines = err.strip().splitlines()
+    assert len(lines) == 1, err
+    assert lines[0].startswith(f"{prog}: {knob.name}=")
+    assert "must be" in lines[0]
+    if knob.secret:
+        assert value not in lines[0]
+    else:
+        assert repr(value) in lines[0]
+
+
+# One bad value per knob through a real launcher (the launchers take turns): the wiring from
+# the refusal to the exit, with nothing started.
+WIRED = [
+    (knob, bad_values(knob)[0], knob.launchers[index % len(knob.launchers)])
+    for index, knob in enumerate(k for k in KNOBS if k.scope == "container")
+]
+
+
+@pytest.mark.parametrize(("knob", "value", "launcher"), WIRED, ids=[k.name for k, _, _ in WIRED])
+def test_a_launcher_given_a_bad_knob_says_one_line_and_starts_nothing(
+    knob: Knob, value: str, launcher: str, sentinel_bin: tuple[Path, Path]
+) -> None:
     bin_dir, marker = sentinel_bin
     env = launcher_env(**{knob.name: value})
     env["PATH"] = f"{bin_dir}:{env['PATH']}"
@@ -193,11 +223,7 @@ def test_bad_knob_value_is_one_line_exit_2_and_nothing_starts(
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1, done.stderr
     assert lines[0].startswith(f"{LAUNCHERS[launcher].name}: {knob.name}=")
-    assert "must be" in lines[0]
-    if knob.secret:
-        assert value not in lines[0]
-    else:
-        assert repr(value) in lines[0]
+    assert done.stdout == ""
     assert not marker.exists()
 
 

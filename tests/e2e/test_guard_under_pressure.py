@@ -58,7 +58,9 @@ def test_guard_stops_a_real_server_under_memory_pressure(
     floor_gib = round(max(1.0, (before - 5 * GIB) / GIB), 2)
     knobs = {
         "GUARD_FLOOR_GB": str(floor_gib),
-        "EXTRA_ARGS": f"--kv-cache-memory-bytes {KV_BYTES}",
+        # eager: the subject is the guard, and the server's compile warm-up (20-30 s of CPU
+        # on 2 shared cores) changes nothing it does
+        "EXTRA_ARGS": f"--kv-cache-memory-bytes {KV_BYTES} --enforce-eager",
     }
     # The third planner config: this server's logged pool (MTP, prefix cache, 192 MiB), planned
     # while the server starts.
