@@ -108,8 +108,15 @@ class Watch:
         self.phase = "waiting"
         self.peer_seen = 0.0  # time.time() of the last message from the peer (state file)
         self.heard = 0.0  # time.monotonic() of the same
+        # SIGTERM only sets this flag: a handler that takes a lock (Event.set does) deadlocks
+        # when a second SIGTERM lands while the first one holds it. The main thread reads the
+        # flag; `terminated` (set by the main thread alone) tells the helper threads to end.
+        self.sigterm = False
         self.terminated = threading.Event()
         self.tree = Tree(options.pid)
+
+    def got_sigterm(self) -> None:
+        self.sigterm = True
 
     def node(self, rank: int) -> str:
         address = self.o.host_ip if rank == self.o.rank else self.peer_addr
@@ -143,7 +150,7 @@ class Watch:
     def check_waiting(self, since: float, said: list[float], what: str) -> None:
         """While waiting for the peer: stop if this node's launcher went away or the join
         timeout ran out; say every PROGRESS_S that we still wait."""
-        if self.local_gone() or self.terminated.is_set():
+        if self.local_gone() or self.sigterm:
             raise Stop("the launcher stopped before the pair joined", EXIT_FAILED)
         waited = time.monotonic() - since
         if waited >= self.o.join_timeout_s:
@@ -328,7 +335,7 @@ class Watch:
                             EXIT_STOPPED)  # fmt: skip
             if self.local_gone():
                 return self.local_stop(sock, "vLLM exited")
-            if self.terminated.is_set():
+            if self.sigterm:
                 return self.local_stop(sock, "its watch got SIGTERM (the node is stopping)")
             now = time.monotonic()
             if now - last_tick > STALL_S:
@@ -436,7 +443,7 @@ def run(args: argparse.Namespace) -> int:
         api_url=args.api_url,
     )  # fmt: skip
     watch = Watch(options, node_identity(os.environ))
-    _die_with_parent(args.pid, watch.terminated.set)
+    _die_with_parent(args.pid, watch.got_sigterm)
     # `kill -USR1 <watch>` writes every thread's stack to its log: a watch that looks stuck.
     faulthandler.register(signal.SIGUSR1, all_threads=True)
     # Best effort (root only): a beat must not wait behind vLLM's busy threads on a loaded
