@@ -14,41 +14,19 @@
 from __future__ import annotations
 
 import json
-import os
 import re
-import subprocess
-import sys
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from support.geometry import write_geometry_models
+from support.plan_runs import plan_cli, plan_runs
 
 REPO = Path(__file__).resolve().parents[1]
 # The Spark's log lines (the design note's public project), gpu-mem 0.82, DFlash n=12: with the
 # bf16 head, and with the int8 head's reclaim and VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS=0.
 SPARK_POOL_TOKENS = 421_888
 SPARK_POOL_TOKENS_INT8_HEAD = 426_610
-
-
-def plan_cli(
-    *args: str,
-    python: str = sys.executable,
-    timeout: int = 300,
-    target_device: str | None = "cpu",
-    env: dict[str, str] | None = None,
-) -> Any:
-    """`sparkserve plan ARGS` with the test's environment (no cluster knobs) plus `env`."""
-    base = {k: v for k, v in os.environ.items() if not k.startswith("CLUSTER_")}
-    env = dict(base, PYTHONPATH=str(REPO / "src"), **(env or {}))
-    env.pop("VLLM_TARGET_DEVICE", None)
-    if target_device is not None:
-        env["VLLM_TARGET_DEVICE"] = target_device
-    return subprocess.run(
-        [python, "-m", "sparkserve", "plan", *args],
-        capture_output=True, text=True, env=env, timeout=timeout, check=False,
-    )  # fmt: skip
 
 
 @pytest.fixture(scope="module")
@@ -65,21 +43,39 @@ SPARK_ARGS = (
 )  # fmt: skip
 
 
+@pytest.fixture(scope="module")
+def spark_plans(
+    geometry: tuple[Path, Path], tmp_path_factory: pytest.TempPathFactory
+) -> dict[str, tuple[int, str, str]]:
+    """The plans below that run on vLLM's CPU platform, in one process (vLLM imported once):
+    the Spark's settings with each head, and a setting that does not fit (100 GiB and
+    OS_RESERVE_GB=18: GPU_MEM 0.82 keeps the reserve to the byte, 0.83 does not; the
+    launcher's rule: tests/memory/test_budget.py)."""
+    target, drafter = geometry
+    spark = ["--model", str(target), "--drafter", str(drafter), *SPARK_ARGS, "--json"]
+    cases = {
+        "bf16-head": ([*spark, "--keep-bf16-lmhead", "1"], {}),
+        "int8-head": ([*spark, "--keep-bf16-lmhead", "0"], {}),
+        "too-big": (
+            ["--model", str(target), "--drafter", str(drafter), "--gpu-mem", "0.83",
+             "--mem-total-gib", "100", "--weights-gib", "40", "--os-reserve-gb", "18",
+             "--max-model-len", "65536"],
+            {},
+        ),
+    }  # fmt: skip
+    return plan_runs(cases, tmp_path_factory.mktemp("spark-plans"))
+
+
 @pytest.mark.parametrize(
-    ("keep_bf16", "logged"),
-    [("1", SPARK_POOL_TOKENS), ("0", SPARK_POOL_TOKENS_INT8_HEAD)],
-    ids=["bf16-head", "int8-head"],
+    ("head", "logged"),
+    [("bf16-head", SPARK_POOL_TOKENS), ("int8-head", SPARK_POOL_TOKENS_INT8_HEAD)],
 )
 def test_spark_figures_within_5_percent(
-    geometry: tuple[Path, Path], keep_bf16: str, logged: int
+    spark_plans: dict[str, tuple[int, str, str]], head: str, logged: int
 ) -> None:
-    target, drafter = geometry
-    done = plan_cli(
-        "--model", str(target), "--drafter", str(drafter), *SPARK_ARGS,
-        "--keep-bf16-lmhead", keep_bf16, "--json",
-    )  # fmt: skip
-    assert done.returncode == 0, done.stderr[-3000:]
-    plan = json.loads(done.stdout)
+    status, out, err = spark_plans[head]
+    assert status == 0, err[-3000:]
+    plan = json.loads(out)
     kv = plan["kv"]
     print("spark plan:", json.dumps({k: kv[k] for k in ("pool_tokens", "max_concurrency")}))
     assert kv["attention_block"] == 2240
@@ -87,7 +83,7 @@ def test_spark_figures_within_5_percent(
     assert abs(kv["pool_tokens"] / logged - 1) < 0.05, kv["pool_tokens"]
     assert abs(kv["max_concurrency"] / (logged / 262144) - 1) < 0.05, kv["max_concurrency"]
     # the int8 head gives back vocab x (hidden - 4) bytes: 248320 x 3068 = 0.71 GiB
-    assert plan["lmhead_reclaim_bytes"] == (248320 * 3068 if keep_bf16 == "0" else 0)
+    assert plan["lmhead_reclaim_bytes"] == (248320 * 3068 if head == "int8-head" else 0)
     # 0.18 x 119.7 GiB is left to the OS; the largest GPU_MEM keeping 14 GiB is 0.88.
     assert abs(plan["os_left_bytes"] / 2**30 - 0.18 * 119.7) < 0.05
     assert plan["largest_gpu_mem"] == 0.88
@@ -116,18 +112,13 @@ def test_plan_counts_the_cudagraph_estimate_and_works_without_a_gpu(
     assert plan["fits"] is True
 
 
-def test_plan_refuses_a_setting_that_does_not_fit(geometry: tuple[Path, Path]) -> None:
-    """100 GiB and OS_RESERVE_GB=18: GPU_MEM 0.82 keeps the reserve to the byte, 0.83 does not
-    (the launcher's rule: tests/memory/test_budget.py)."""
-    target, drafter = geometry
-    done = plan_cli(
-        "--model", str(target), "--drafter", str(drafter), "--gpu-mem", "0.83",
-        "--mem-total-gib", "100", "--weights-gib", "40", "--os-reserve-gb", "18",
-        "--max-model-len", "65536",
-    )  # fmt: skip
-    assert done.returncode == 1, done.stdout + done.stderr
-    assert "does not fit" in done.stdout
-    assert "the largest GPU_MEM that keeps it is 0.82" in done.stdout
+def test_plan_refuses_a_setting_that_does_not_fit(
+    spark_plans: dict[str, tuple[int, str, str]],
+) -> None:
+    status, out, err = spark_plans["too-big"]
+    assert status == 1, out + err
+    assert "does not fit" in out
+    assert "the largest GPU_MEM that keeps it is 0.82" in out
 
 
 @pytest.mark.parametrize(

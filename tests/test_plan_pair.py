@@ -23,9 +23,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from test_plan import SPARK_ARGS, plan_cli
+from test_plan import SPARK_ARGS
 
 from support.geometry import write_geometry_models
+from support.plan_runs import plan_cli, plan_runs
 from support.vllm_server import free_port
 
 REPO = Path(__file__).resolve().parents[1]
@@ -72,39 +73,6 @@ def run_ranks(
 def ranks(geometry: tuple[Path, Path], tmp_path_factory: pytest.TempPathFactory) -> dict:
     """What vLLM builds on one node (the whole model) and on each rank of tp and pp."""
     return run_ranks(geometry, ("one", "tp", "pp"), tmp_path_factory.mktemp("ranks"))
-
-
-# Several `sparkserve plan` command lines in one process: vLLM is imported once.
-PLANS = """
-import contextlib, io, json, os, sys
-from sparkserve.cli import main
-results = []
-for argv, env in json.loads(sys.argv[1]):
-    saved = dict(os.environ)
-    os.environ.update(env)
-    out, err = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        status = main(argv)
-    os.environ.clear()
-    os.environ.update(saved)
-    results.append([status, out.getvalue(), err.getvalue()])
-with open(sys.argv[2], "w") as handle:
-    json.dump(results, handle)
-"""
-
-
-def plan_runs(cases: dict[str, tuple[list[str], dict[str, str]]], work: Path) -> dict:
-    """Each case's (exit status, stdout, stderr) from `sparkserve plan ARGV` with ENV added."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("CLUSTER_")}
-    env |= {"PYTHONPATH": str(REPO / "src"), "VLLM_TARGET_DEVICE": "cpu"}
-    argvs = [[["plan", *argv], extra] for argv, extra in cases.values()]
-    done = subprocess.run(
-        [sys.executable, "-c", PLANS, json.dumps(argvs), str(work / "plans.json")],
-        capture_output=True, text=True, env=env, timeout=900, check=False,
-    )  # fmt: skip
-    assert done.returncode == 0, done.stderr[-3000:]
-    results = json.loads((work / "plans.json").read_text())
-    return dict(zip(cases, results, strict=True))
 
 
 @pytest.fixture(scope="module")
