@@ -203,28 +203,17 @@ def test_a_host_too_busy_to_run_both_watches_is_not_a_lost_peer(
     assert "no heartbeat" not in finish(head, BOUND_S)[1] + finish(worker, BOUND_S)[1]
 
 
+@pytest.mark.parametrize("burst", [False, True], ids=["one-sigterm", "a-burst-of-sigterms"])
 def test_a_stopped_head_watch_says_bye_and_the_worker_stops(
-    tmp_path: Path, nodes: list[Node]
+    tmp_path: Path, nodes: list[Node], burst: bool
 ) -> None:
-    head, worker, _ = pair(tmp_path, nodes)
-    head.watch.send_signal(signal.SIGTERM)
-    code, log = finish(worker, BOUND_S)
-    assert code == EXIT_STOPPED
-    assert f"node 0 ({LOOPBACK}): its watch got SIGTERM (the node is stopping)" in log
-    code, log = finish(head, BOUND_S)
-    # A SIGTERM that lands once Python has put the default handler back at exit ends the
-    # process by the signal instead of with its status: after the stop, so harmless.
-    assert code in (EXIT_STOPPED, -signal.SIGTERM)
-    assert "its watch got SIGTERM (the node is stopping); stopping this node's vLLM" in log
-    assert f"vLLM (pid {head.served.pid}) " in log  # the stop finished and said how
-
-
-def test_a_burst_of_sigterms_still_says_bye_and_stops(tmp_path: Path, nodes: list[Node]) -> None:
     """SIGTERMs arrive more than once when a node stops (compose's, then the kernel's when vLLM
     exits): each must only be noted, never wedge the watch (a handler that takes a lock
-    deadlocks when the next SIGTERM lands while it holds it)."""
-    head, worker, _ = pair(tmp_path, nodes, head_served=STUBBORN)  # a stop that takes a while
-    burst_until = time.monotonic() + 3.0  # all through the stop, until the watch exits
+    deadlocks when the next SIGTERM lands while it holds it). The burst goes on through a stop
+    that takes a while (a tree that ignores SIGTERM), until the watch exits."""
+    head, worker, _ = pair(tmp_path, nodes, head_served=STUBBORN if burst else POLITE)
+    head.watch.send_signal(signal.SIGTERM)
+    burst_until = time.monotonic() + (3.0 if burst else 0.0)
     while head.watch.poll() is None and time.monotonic() < burst_until:
         head.watch.send_signal(signal.SIGTERM)
     code, log = finish(worker, BOUND_S)
