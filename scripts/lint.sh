@@ -10,7 +10,7 @@ ruff check --quiet .
 ruff format --check --quiet .
 
 mapfile -t shell_files < <(git ls-files --cached --others --exclude-standard \
-  '*.sh' '.ci/run' 'docker/vllm-cpu-cli' | sort -u)
+  '*.sh' '.ci/run' | sort -u)
 shellcheck --external-sources "${shell_files[@]}"
 
 if [[ -f Dockerfile ]]; then

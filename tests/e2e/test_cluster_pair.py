@@ -25,7 +25,6 @@ import pytest
 from support import netns
 from support.cluster_pair import (
     Pair,
-    add_vllm_cli_metadata,
     node_env,
     start_node,
     start_pair,
@@ -51,7 +50,6 @@ def pair_inputs(
     can_netns: None, tiny_models: dict[str, str], sparkserve_site: Path,
     tmp_path_factory: pytest.TempPathFactory,
 ) -> tuple[str, Path, Path]:  # fmt: skip
-    add_vllm_cli_metadata(sparkserve_site)
     root = tmp_path_factory.mktemp("cluster")
     return str(tp_model(tiny_models["target"], root / "tp-model")), sparkserve_site, root
 

