@@ -275,10 +275,10 @@ BAD_ENTRY = KernelConfig("mmab", 64, 64, 64, 4, 2)  # 64-row blocks of small til
 
 def calibration_run(dev: torch.device, bw: float, preferred: str, max_rows: int) -> dict:
     """The plugin's calibration on this GPU at the main shape: its time (cold: the first in this
-    process, with compiles; warm: again), the plan for the rows layout (the Spark's), the plan
-    with a deliberately bad 1-16-row entry, and the plan over every layout this GPU can use;
+    process, with compiles; warm: again), the choice for the rows layout (the Spark's), the choice
+    with a deliberately bad 1-16-row entry, and the choice over every layout this GPU can use;
     then every M from 1 to ``max_rows`` timed (graph replays) for bf16, the rows layout's
-    built-in table, and what each plan serves."""
+    built-in table, and what each choice serves."""
     from sparkserve.lmhead import calibrate
 
     n, k = SHAPES[0]
@@ -288,34 +288,34 @@ def calibration_run(dev: torch.device, bw: float, preferred: str, max_rows: int)
     def bf16(x: torch.Tensor) -> torch.Tensor:
         return torch.nn.functional.linear(x, w)
 
-    def run(weights: dict, tables: dict | None = None) -> tuple[calibrate.Plan, float]:
+    def run(weights: dict, tables: dict | None = None) -> tuple[calibrate.HeadChoice, float]:
         torch.cuda.synchronize()
         t0 = time.monotonic()
-        plan = calibrate.calibrate(weights, s, bf16, max_rows=max_rows, tables=tables)
-        return plan, time.monotonic() - t0
+        choice = calibrate.calibrate(weights, s, bf16, max_rows=max_rows, tables=tables)
+        return choice, time.monotonic() - t0
 
     rows_cold, cold_s = run({layout.ROWS: q})
-    rows_plan, warm_s = run({layout.ROWS: q})
+    rows_choice, warm_s = run({layout.ROWS: q})
     bad_table = ((16, BAD_ENTRY), *int8_kernel.CONFIG_TABLE[1:])
-    bad_plan, bad_s = run({layout.ROWS: q}, {layout.ROWS: bad_table})
+    bad_choice, bad_s = run({layout.ROWS: q}, {layout.ROWS: bad_table})
     packed = {layout.ROWS: q}
     if preferred != layout.ROWS:
         packed = {preferred: layout.pack(q, preferred), layout.ROWS: q}
-    gpu_plan, gpu_s = run(packed)
-    for name, plan, sec in (
+    gpu_choice, gpu_s = run(packed)
+    for name, choice, sec in (
         ("rows, cold", rows_cold, cold_s),
-        ("rows", rows_plan, warm_s),
-        ("rows, bad entry", bad_plan, bad_s),
-        ("this GPU", gpu_plan, gpu_s),
+        ("rows", rows_choice, warm_s),
+        ("rows, bad entry", bad_choice, bad_s),
+        ("this GPU", gpu_choice, gpu_s),
     ):
-        log(f"calibration {name}: {sec:.2f} s wall; {plan.path}: {plan.summary()}")  # fmt: skip
+        log(f"calibration {name}: {sec:.2f} s wall; {choice.path}: {choice.summary()}")  # fmt: skip
     floor_ms = (q.numel() + 4 * n) / bw * 1e3
 
-    def served(plan: calibrate.Plan, x: torch.Tensor) -> Any:
-        if plan.path != "int8":
+    def served(choice: calibrate.HeadChoice, x: torch.Tensor) -> Any:
+        if choice.path != "int8":
             return lambda: bf16(x)
-        wq = packed.get(plan.layout, q)
-        return lambda: int8_linear(x, wq, s, weight_layout=plan.layout, table=plan.table)
+        wq = packed.get(choice.layout, q)
+        return lambda: int8_linear(x, wq, s, weight_layout=choice.layout, table=choice.table)
 
     rows = []
     for m in range(1, max_rows + 1):
@@ -323,9 +323,9 @@ def calibration_run(dev: torch.device, bw: float, preferred: str, max_rows: int)
         fns = {
             "bf16": lambda x=x: bf16(x),
             "rows_table": lambda x=x: int8_linear(x, q, s),
-            "rows_calibrated": served(rows_plan, x),
-            "bad_calibrated": served(bad_plan, x),
-            "gpu_calibrated": served(gpu_plan, x),
+            "rows_calibrated": served(rows_choice, x),
+            "bad_calibrated": served(bad_choice, x),
+            "gpu_calibrated": served(gpu_choice, x),
         }
         t = bench_rotated(fns)
         rows.append({"M": m, **t})
@@ -336,13 +336,13 @@ def calibration_run(dev: torch.device, bw: float, preferred: str, max_rows: int)
         "max_rows": max_rows,
         "int8_floor_ms": floor_ms,
         "seconds": {"rows_cold": cold_s, "rows_warm": warm_s, "bad": bad_s, "gpu": gpu_s},
-        "plans": {
+        "choices": {
             name: {**dataclasses.asdict(p), "summary": p.summary()}
             for name, p in (
-                ("rows", rows_plan),
+                ("rows", rows_choice),
                 ("rows_cold", rows_cold),
-                ("bad", bad_plan),
-                ("gpu", gpu_plan),
+                ("bad", bad_choice),
+                ("gpu", gpu_choice),
             )
         },
         "rows": rows,
@@ -356,7 +356,7 @@ def calibration_run(dev: torch.device, bw: float, preferred: str, max_rows: int)
         "rows_min_speedup_m_le_16": min(r["bf16"] / r["rows_calibrated"] for r in low),
         "rows_m1_over_floor": rows[0]["rows_calibrated"] / floor_ms,
         "bad_entry": dataclasses.asdict(BAD_ENTRY),
-        "bad_entry_replaced_by": dataclasses.asdict(bad_plan.table[0][1]),
+        "bad_entry_replaced_by": dataclasses.asdict(bad_choice.table[0][1]),
     }
     log("")
     log(f"calibration at N={n} K={k}, rows 1-{max_rows}; int8 floor {floor_ms:.4f} ms; "
@@ -371,7 +371,7 @@ def calibration_run(dev: torch.device, bw: float, preferred: str, max_rows: int)
     log(f"rows path with calibration slower than bf16 at M = {worse or 'none'}; "
         f"M <= 16 min speedup {result['rows_min_speedup_m_le_16']:.2f}x; "
         f"M = 1 at {result['rows_m1_over_floor']:.3f}x the floor; bad entry {_short(BAD_ENTRY)} "
-        f"replaced by {_short(bad_plan.table[0][1])}")  # fmt: skip
+        f"replaced by {_short(bad_choice.table[0][1])}")  # fmt: skip
     return result
 
 

@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from sparkserve.lmhead import calibrate, calibration_cache, int8_kernel, layout, plugin
-from sparkserve.lmhead.calibrate import BF16, Plan
+from sparkserve.lmhead.calibrate import BF16, HeadChoice
 from sparkserve.lmhead.int8_kernel import CONFIG_TABLE, WGMMA_TABLE, KernelConfig
 
 N, K = 1024, 128
@@ -37,7 +37,7 @@ def _bf16(w: torch.Tensor) -> Callable[[torch.Tensor], torch.Tensor]:
 BAD_TABLE = ((16, BAD), *CONFIG_TABLE[1:])
 
 
-def _rows_plan(times: Callable[[int, Any], float], max_rows: int, **kwargs: Any) -> Plan:
+def _rows_choice(times: Callable[[int, Any], float], max_rows: int, **kwargs: Any) -> HeadChoice:
     """Calibrate a fresh CPU head in the rows layout with timings from ``times``."""
     w, q, s = _head()
     return calibrate.calibrate(
@@ -105,12 +105,12 @@ def test_a_bad_table_entry_is_replaced_by_the_fastest_candidate() -> None:
             return 1.0
         return {BAD: 3.0, good: 0.4}.get(choice, 0.6)
 
-    plan = _rows_plan(times, 13, tables={layout.ROWS: BAD_TABLE})
-    assert plan.path == "int8" and plan.source == "measured"
-    (group,) = plan.groups
+    choice = _rows_choice(times, 13, tables={layout.ROWS: BAD_TABLE})
+    assert choice.path == "int8" and choice.source == "measured"
+    (group,) = choice.groups
     assert (group.m, group.table_ms, group.best_ms, group.best) == (13, 3.0, 0.4, good)
-    assert plan.table[0] == (16, good) and plan.table[1:] == CONFIG_TABLE[1:]
-    line = plan.summary()
+    assert choice.table[0] == (16, good) and choice.table[1:] == CONFIG_TABLE[1:]
+    line = choice.summary()
     assert "M<=13 0.400 ms mmab 16x128x256 s3 (table 3.000) vs bf16 1.000, 2.50x" in line
 
 
@@ -120,11 +120,11 @@ def test_bf16_stays_where_int8_loses_in_any_reached_group() -> None:
             return 1.0
         return 1.3 if m == 32 else 0.5  # every int8 candidate loses at 17-32 rows
 
-    plan = _rows_plan(times, 39)
-    assert plan.path == BF16
-    assert "int8 (1.300 ms) is slower than bf16 (1.000 ms) at M=32" in plan.summary()
+    choice = _rows_choice(times, 39)
+    assert choice.path == BF16
+    assert "int8 (1.300 ms) is slower than bf16 (1.000 ms) at M=32" in choice.summary()
     # the same GPU with a server that never reaches 17 rows keeps int8
-    assert _rows_plan(times, 12).path == "int8"
+    assert _rows_choice(times, 12).path == "int8"
 
 
 def test_a_wrong_candidate_is_never_chosen(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -144,10 +144,10 @@ def test_a_wrong_candidate_is_never_chosen(monkeypatch: pytest.MonkeyPatch) -> N
         timed.append(choice)
         return {BF16: 1.0, BAD: 0.1}.get(choice, 0.5)
 
-    plan = _rows_plan(times, 8, tables={layout.ROWS: BAD_TABLE})
-    assert BAD not in timed and plan.groups[0].table_ms is None
-    assert plan.path == "int8" and plan.table[0][1] != BAD
-    assert "(table failed)" in plan.summary()
+    choice = _rows_choice(times, 8, tables={layout.ROWS: BAD_TABLE})
+    assert BAD not in timed and choice.groups[0].table_ms is None
+    assert choice.path == "int8" and choice.table[0][1] != BAD
+    assert "(table failed)" in choice.summary()
 
 
 def test_the_layout_whose_best_times_sum_lowest_is_kept() -> None:
@@ -159,11 +159,11 @@ def test_the_layout_whose_best_times_sum_lowest_is_kept() -> None:
             return 1.0
         return 0.3 if choice.kind == "wgmma" else 0.5
 
-    plan = calibrate.calibrate(
+    choice = calibrate.calibrate(
         {layout.WGMMA: tiled, layout.ROWS: q}, s, _bf16(w), max_rows=39, timer=table_timer(times)
     )
-    assert plan.layout == layout.WGMMA and all(c.kind == "wgmma" for _, c in plan.table[:3])
-    assert "wgmma layout (sum of best ms: wgmma 0.900, rows 1.500)" in plan.summary()
+    assert choice.layout == layout.WGMMA and all(c.kind == "wgmma" for _, c in choice.table[:3])
+    assert "wgmma layout (sum of best ms: wgmma 0.900, rows 1.500)" in choice.summary()
 
 
 def test_the_budget_cuts_alternatives_but_never_the_table_entry_or_bf16() -> None:
@@ -178,13 +178,13 @@ def test_the_budget_cuts_alternatives_but_never_the_table_entry_or_bf16() -> Non
         now[0] += 1.0  # each measurement takes 1 s
         return per_group(m, calls)
 
-    plan = calibrate.calibrate({layout.ROWS: q}, s, _bf16(w), max_rows=39, budget_s=4.5,
+    choice = calibrate.calibrate({layout.ROWS: q}, s, _bf16(w), max_rows=39, budget_s=4.5,
                                timer=slow_timer, clock=lambda: now[0])  # fmt: skip
-    by_m = {g.m: g for g in plan.groups}
+    by_m = {g.m: g for g in choice.groups}
     assert by_m[32].skipped == 0 and by_m[39].skipped == 0 and by_m[32].tried > 2
     assert (by_m[16].tried, by_m[16].skipped > 0) == (1, True)  # the budget ran out first
-    assert all(g.table_ms == ratios[g.m] and g.bf16_ms == 1.0 for g in plan.groups)
-    assert f"{by_m[16].skipped} alternatives left out (budget 4 s)" in plan.summary()
+    assert all(g.table_ms == ratios[g.m] and g.bf16_ms == 1.0 for g in choice.groups)
+    assert f"{by_m[16].skipped} alternatives left out (budget 4 s)" in choice.summary()
 
 
 def test_a_group_where_int8_loses_tries_every_candidate_whatever_the_budget() -> None:
@@ -196,11 +196,11 @@ def test_a_group_where_int8_loses_tries_every_candidate_whatever_the_budget() ->
             return 1.0
         return 0.6 if choice == rescue else 1.4 if m == 32 else 0.5
 
-    plan = _rows_plan(times, 32, budget_s=0.0)
-    g16, g32 = plan.groups
+    choice = _rows_choice(times, 32, budget_s=0.0)
+    g16, g32 = choice.groups
     assert g16.tried == 1 and g32.skipped == 0
-    assert (g32.table_ms, g32.best, plan.path) == (1.4, rescue, "int8")
-    assert plan.table[1] == (32, rescue) and own != rescue
+    assert (g32.table_ms, g32.best, choice.path) == (1.4, rescue, "int8")
+    assert choice.table[1] == (32, rescue) and own != rescue
 
 
 def test_an_alternative_within_the_noise_keeps_the_built_in_entry() -> None:
@@ -209,26 +209,26 @@ def test_an_alternative_within_the_noise_keeps_the_built_in_entry() -> None:
     def times(m: int, choice: Any) -> float:
         return 1.0 if choice == BF16 else 0.50 if choice == own else 0.49  # 2% faster
 
-    plan = _rows_plan(times, 16)
-    assert plan.groups[0].best == own and plan.groups[0].tried > 1
+    choice = _rows_choice(times, 16)
+    assert choice.groups[0].best == own and choice.groups[0].tried > 1
 
 
 def test_a_real_measurement_on_the_cpu_times_every_candidate() -> None:
     w, q, s = _head()
-    plan = calibrate.calibrate({layout.ROWS: q}, s, _bf16(w), max_rows=20, timer=wall_timer,
+    choice = calibrate.calibrate({layout.ROWS: q}, s, _bf16(w), max_rows=20, timer=wall_timer,
                                budget_s=60.0)  # fmt: skip
-    assert [g.m for g in plan.groups] == [16, 20]
-    for g in plan.groups:
+    assert [g.m for g in choice.groups] == [16, 20]
+    for g in choice.groups:
         assert g.bf16_ms > 0 and g.best_ms is not None and g.best_ms > 0
         assert g.tried == len(calibrate.candidates(g.m, layout.ROWS, CONFIG_TABLE)) >= 3
-    assert plan.path == ("int8" if all(g.int8_wins for g in plan.groups) else BF16)
+    assert choice.path == ("int8" if all(g.int8_wins for g in choice.groups) else BF16)
 
 
 # --- the cache ------------------------------------------------------------------------------
 
 
-def _plan() -> Plan:
-    return _rows_plan(lambda m, c: 1.0 if c == BF16 else 0.5, 20)
+def _choice() -> HeadChoice:
+    return _rows_choice(lambda m, c: 1.0 if c == BF16 else 0.5, 20)
 
 
 def test_the_key_names_gpu_driver_triton_shape_and_version() -> None:
@@ -246,11 +246,13 @@ def test_the_cache_round_trips_and_ignores_stale_or_corrupt_files(tmp_path: Path
     assert path == tmp_path / "sparkserve" / "lmhead-calibration.json"
     key = {"gpu": "NVIDIA GB10", "capability": "12.1", "triton": "3.8.0", "max_rows": 39}
     assert calibration_cache.load(path, key) == (None, "no cache file")
-    plan = _plan()
-    assert calibration_cache.store(path, key, plan) == ""
+    choice = _choice()
+    assert calibration_cache.store(path, key, choice) == ""
     cached, why = calibration_cache.load(path, key)
     assert why == "cache" and cached is not None
-    assert cached.table == plan.table and cached.groups == plan.groups and cached.source == "cache"
+    assert (
+        cached.table == choice.table and cached.groups == choice.groups and cached.source == "cache"
+    )
     assert "from the cache" in cached.summary()
 
     stale, why = calibration_cache.load(path, {**key, "triton": "3.9.0"})
@@ -260,15 +262,15 @@ def test_the_cache_round_trips_and_ignores_stale_or_corrupt_files(tmp_path: Path
     corrupt = {
         "not json": "{",
         "a list": "[]",
-        "unknown kind": json.dumps({**data, "plan": {**data["plan"], "table": [
-            [16, {**data["plan"]["table"][0][1], "kind": "mma"}]]}}),
-        "unknown field": json.dumps({**data, "plan": {**data["plan"], "table": [
-            [16, {**data["plan"]["table"][0][1], "asm_cvt": True}]]}}),
-        "bounds": json.dumps({**data, "plan": {**data["plan"], "table": [
-            data["plan"]["table"][1], data["plan"]["table"][0]]}}),
-        "wgmma on rows": json.dumps({**data, "plan": {**data["plan"], "table": [
-            [1 << 62, {**data["plan"]["table"][0][1], "kind": "wgmma"}]]}}),
-        "no plan": json.dumps({"key": key}),
+        "unknown kind": json.dumps({**data, "choice": {**data["choice"], "table": [
+            [16, {**data["choice"]["table"][0][1], "kind": "mma"}]]}}),
+        "unknown field": json.dumps({**data, "choice": {**data["choice"], "table": [
+            [16, {**data["choice"]["table"][0][1], "asm_cvt": True}]]}}),
+        "bounds": json.dumps({**data, "choice": {**data["choice"], "table": [
+            data["choice"]["table"][1], data["choice"]["table"][0]]}}),
+        "wgmma on rows": json.dumps({**data, "choice": {**data["choice"], "table": [
+            [1 << 62, {**data["choice"]["table"][0][1], "kind": "wgmma"}]]}}),
+        "no choice": json.dumps({"key": key}),
     }  # fmt: skip
     for name, text in corrupt.items():
         path.write_text(text)
@@ -279,7 +281,7 @@ def test_the_cache_round_trips_and_ignores_stale_or_corrupt_files(tmp_path: Path
 def test_an_unwritable_cache_is_reported_not_raised(tmp_path: Path) -> None:
     blocker = tmp_path / "file"
     blocker.write_text("")
-    why = calibration_cache.store(blocker / "sub" / "x.json", {}, _plan())
+    why = calibration_cache.store(blocker / "sub" / "x.json", {}, _choice())
     assert why.startswith("cache not written")
 
 
@@ -321,7 +323,7 @@ def test_auto_measures_once_then_reuses_the_cache(
     calibrating: list[int], tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     report = plugin.convert_model(_model(), max_rows=20)
-    assert report.path == "int8" and report.plan["source"] == "measured"
+    assert report.path == "int8" and report.choice["source"] == "measured"
     assert set(calibrating) == {16, 20}
     measured = len(calibrating)
     cache = tmp_path / "sparkserve" / "lmhead-calibration.json"
@@ -345,12 +347,12 @@ def test_force_measures_despite_the_cache_and_off_uses_the_table(
     measured = len(calibrating)
     monkeypatch.setenv(plugin.CALIBRATE_ENV, "force")
     forced = plugin.convert_model(_model(), max_rows=20)
-    assert forced.plan["source"] == "measured"
+    assert forced.choice["source"] == "measured"
     assert forced.calibration.endswith("; SPARK_LMHEAD_CALIBRATE=force")
     assert len(calibrating) == 2 * measured
     monkeypatch.setenv(plugin.CALIBRATE_ENV, "off")
     report = plugin.convert_model(_model(), max_rows=20)
-    assert report.path == "int8" and report.plan["source"] == "table"
+    assert report.path == "int8" and report.choice["source"] == "table"
     assert report.calibration == "built-in table (SPARK_LMHEAD_CALIBRATE=off)"
     assert len(calibrating) == 2 * measured
     monkeypatch.setenv(plugin.CALIBRATE_ENV, "sometimes")
@@ -365,9 +367,9 @@ def test_a_corrupt_cache_is_rewritten(calibrating: list[int], tmp_path: Path) ->
     cache.parent.mkdir(parents=True)
     cache.write_text("not json")
     report = plugin.convert_model(_model(), max_rows=20)
-    assert report.plan["source"] == "measured"
+    assert report.choice["source"] == "measured"
     assert "corrupt cache ignored (JSONDecodeError" in report.calibration
-    assert json.loads(cache.read_text())["plan"]["path"] == "int8"
+    assert json.loads(cache.read_text())["choice"]["path"] == "int8"
 
 
 def test_int8_losing_keeps_the_bf16_weight_and_says_so(
@@ -428,19 +430,21 @@ def test_calibration_on_the_gpu_is_never_slower_than_bf16_and_graph_safe() -> No
     q, s = int8_kernel.quantize_rows_int8(w)
     preferred = int8_kernel.preferred_layout(dev)
     weights = {preferred: layout.pack(q, preferred), layout.ROWS: q}
-    plan = calibrate.calibrate(weights, s, _bf16(w), max_rows=39)
-    assert plan.source == "measured" and len(plan.groups) == 3
-    for g in plan.groups:
+    choice = calibrate.calibrate(weights, s, _bf16(w), max_rows=39)
+    assert choice.source == "measured" and len(choice.groups) == 3
+    for g in choice.groups:
         assert g.bf16_ms > 0 and g.best_ms is not None and g.table_ms is not None
         assert g.best_ms <= g.table_ms
-    if plan.path != "int8":
+    if choice.path != "int8":
         return
-    wq = weights[plan.layout]
+    wq = weights[choice.layout]
     x = torch.randn(39, k, device=dev, dtype=torch.bfloat16)
-    int8_kernel.int8_linear(x, wq, s, weight_layout=plan.layout, table=plan.table)
+    int8_kernel.int8_linear(x, wq, s, weight_layout=choice.layout, table=choice.table)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        captured = int8_kernel.int8_linear(x, wq, s, weight_layout=plan.layout, table=plan.table)
+        captured = int8_kernel.int8_linear(
+            x, wq, s, weight_layout=choice.layout, table=choice.table
+        )
     x.copy_(torch.randn(39, k, device=dev, dtype=torch.bfloat16))
     graph.replay()
     torch.cuda.synchronize()

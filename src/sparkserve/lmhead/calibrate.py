@@ -15,7 +15,7 @@ it gets), in each weight layout this GPU can use (``rows`` everywhere, also ``wg
    then in the other groups, slowest against bf16 first, while ``budget_s`` lasts.
 
 Every candidate's output is checked against the bf16 head's first. An alternative replaces the
-built-in entry only when it is ``MARGIN`` faster. The plan is int8 (in the layout whose best times
+built-in entry only when it is ``MARGIN`` faster. The choice is int8 (in the layout whose best times
 sum lowest) only if int8 is no slower than bf16 in every reached group; otherwise the bf16 head
 stays. Timing (``event_timer``): one call between two CUDA events, after a write over twice the L2
 cache and queued behind a GPU sleep (so Python's launch cost is not counted), in ``ROUNDS``
@@ -49,9 +49,9 @@ __all__ = [
     "BF16",
     "BUDGET_S",
     "Group",
-    "Plan",
+    "HeadChoice",
     "Timer",
-    "built_in_plan",
+    "built_in_choice",
     "calibrate",
     "candidates",
     "describe",
@@ -91,7 +91,7 @@ class Group:
 
 
 @dataclasses.dataclass(frozen=True)
-class Plan:
+class HeadChoice:
     """What the plugin serves: ``path`` "int8" with ``layout`` and its launch ``table``, or
     "bf16". ``source``: "measured", "cache" or "table" (built in, nothing measured)."""
 
@@ -135,8 +135,8 @@ def _group_words(g: Group) -> str:
     return text + f" vs bf16 {g.bf16_ms:.3f}, {g.bf16_ms / g.best_ms:.2f}x"
 
 
-def built_in_plan(weight_layout: str, note: str = "") -> Plan:
-    return Plan("int8", weight_layout, built_in_table(weight_layout), note=note)
+def built_in_choice(weight_layout: str, note: str = "") -> HeadChoice:
+    return HeadChoice("int8", weight_layout, built_in_table(weight_layout), note=note)
 
 
 def describe(cfg: KernelConfig | None) -> str:
@@ -247,10 +247,10 @@ def calibrate(
     tables: Mapping[str, Table] | None = None,
     timer: Timer | None = None,
     clock: Callable[[], float] = time.monotonic,
-) -> Plan:
+) -> HeadChoice:
     """Time the candidates of every reachable group for each packed weight in ``weights``
     (layout -> tensor; the first layout's alternatives are tried first) against ``bf16(x)``, and
-    return the plan. ``tables`` overrides the built-in table per layout (benchmarks: a table with
+    return the choice. ``tables`` overrides the built-in table per layout (benchmarks: a table with
     a deliberately bad entry); ``timer`` defaults to ``event_timer``. Raises what a broken GPU
     raises; the caller falls back."""
     timer = timer or event_timer
@@ -301,10 +301,14 @@ def calibrate(
         worst = losing[0]
         best = "no correct int8 kernel" if worst.best_ms is None else f"{worst.best_ms:.3f} ms"
         note = f"int8 ({best}) is slower than bf16 ({worst.bf16_ms:.3f} ms) at M={worst.m}"
-        return Plan(BF16, chosen, table, tuple(timed), reach, seconds, "measured", note, layouts)
+        return HeadChoice(
+            BF16, chosen, table, tuple(timed), reach, seconds, "measured", note, layouts
+        )
     skipped = sum(g.skipped for gs in per_layout.values() for g in gs[1])
     note = f"{skipped} alternatives left out (budget {budget_s:.0f} s)" if skipped else ""
-    return Plan("int8", chosen, table, tuple(timed), reach, seconds, "measured", note, layouts)
+    return HeadChoice(
+        "int8", chosen, table, tuple(timed), reach, seconds, "measured", note, layouts
+    )
 
 
 @dataclasses.dataclass

@@ -1,10 +1,10 @@
 """The lm-head calibration's result on the model-cache volume, so later starts skip measuring.
 
-One file, ``$HF_HOME/sparkserve/lmhead-calibration.json``: ``{"key": {...}, "plan": {...}}``.
+One file, ``$HF_HOME/sparkserve/lmhead-calibration.json``: ``{"key": {...}, "choice": {...}}``.
 The key names everything the measurement depends on: the GPU (name, compute capability), its
 driver, CUDA, Triton, torch, this package's version, the head's shape and dtype, and the rows
 the server reaches. A file whose key differs (another GPU, an upgrade, another MAX_NUM_SEQS), or
-that does not parse into a valid plan, is ignored; the new measurement replaces it (written to a
+that does not parse into a valid choice, is ignored; the new measurement replaces it (written to a
 temporary file and renamed, so a reader never sees half a file).
 """
 
@@ -20,13 +20,13 @@ from typing import Any
 import torch
 
 from . import layout
-from .calibrate import BF16, Group, Plan
+from .calibrate import BF16, Group, HeadChoice
 from .int8_kernel import KernelConfig
 
 __all__ = ["FILE_NAME", "SCHEMA", "cache_path", "driver_version", "key", "load", "store"]
 
 FILE_NAME = "lmhead-calibration.json"
-SCHEMA = 1  # bump when the plan's meaning changes
+SCHEMA = 2  # bump when the file's form or the choice's meaning changes
 KINDS = ("mmab", "gluon", "wgmma")
 
 
@@ -86,8 +86,8 @@ def key(weight: torch.Tensor, max_rows: int) -> dict[str, Any]:
     }
 
 
-def load(path: Path, expected: dict[str, Any]) -> tuple[Plan | None, str]:
-    """The cached plan for ``expected``, or (None, why not): missing, stale (another key) or
+def load(path: Path, expected: dict[str, Any]) -> tuple[HeadChoice | None, str]:
+    """The cached choice for ``expected``, or (None, why not): missing, stale (another key) or
     corrupt."""
     try:
         text = path.read_text()
@@ -103,14 +103,14 @@ def load(path: Path, expected: dict[str, Any]) -> tuple[Plan | None, str]:
             diff = sorted(k for k in expected.keys() | data["key"].keys()
                           if data["key"].get(k) != expected.get(k))  # fmt: skip
             return None, "stale cache (" + ", ".join(diff) + " differ)"
-        return _plan_from(data["plan"]), "cache"
+        return _choice_from(data["choice"]), "cache"
     except (ValueError, TypeError, KeyError, AttributeError) as error:
         return None, f"corrupt cache ignored ({type(error).__name__}: {error})"
 
 
-def store(path: Path, cache_key: dict[str, Any], plan: Plan) -> str:
-    """Write ``plan`` under ``cache_key``; returns "" or why it could not be written."""
-    data = {"key": cache_key, "plan": _plan_to(plan)}
+def store(path: Path, cache_key: dict[str, Any], choice: HeadChoice) -> str:
+    """Write ``choice`` under ``cache_key``; returns "" or why it could not be written."""
+    data = {"key": cache_key, "choice": _choice_to(choice)}
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(prefix=".lmhead-", dir=path.parent)
@@ -122,9 +122,9 @@ def store(path: Path, cache_key: dict[str, Any], plan: Plan) -> str:
     return ""
 
 
-def _plan_to(plan: Plan) -> dict[str, Any]:
-    out = dataclasses.asdict(plan)
-    out["table"] = [[bound, dataclasses.asdict(cfg)] for bound, cfg in plan.table]
+def _choice_to(choice: HeadChoice) -> dict[str, Any]:
+    out = dataclasses.asdict(choice)
+    out["table"] = [[bound, dataclasses.asdict(cfg)] for bound, cfg in choice.table]
     return out
 
 
@@ -137,9 +137,9 @@ def _config(data: Any) -> KernelConfig:
     return cfg
 
 
-def _plan_from(data: Any) -> Plan:
+def _choice_from(data: Any) -> HeadChoice:
     if not isinstance(data, dict):
-        raise TypeError("the plan is not an object")
+        raise TypeError("the choice is not an object")
     if data["path"] not in ("int8", BF16) or data["layout"] not in layout.LAYOUTS:
         raise ValueError(f"path {data['path']!r} / layout {data['layout']!r}")
     table = tuple((int(bound), _config(cfg)) for bound, cfg in data["table"])
@@ -152,7 +152,7 @@ def _plan_from(data: Any) -> Plan:
         Group(**{**g, "best": _config(g["best"]) if g.get("best") else None})
         for g in data["groups"]
     )
-    return Plan(
+    return HeadChoice(
         path=data["path"],
         layout=data["layout"],
         table=table,

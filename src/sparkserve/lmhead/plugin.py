@@ -35,7 +35,7 @@ from typing import Any
 import torch
 
 from sparkserve.lmhead import calibration_cache, layout
-from sparkserve.lmhead.calibrate import Plan, built_in_plan, calibrate, describe
+from sparkserve.lmhead.calibrate import HeadChoice, built_in_choice, calibrate, describe
 from sparkserve.lmhead.int8_kernel import (
     HAS_TRITON,
     int8_linear,
@@ -72,7 +72,7 @@ class HeadReport:
     drafter: str = "none"
     bf16_released: bool = False
     calibration: str = ""  # what was measured or reused, and the choice, in words
-    plan: dict[str, Any] = field(default_factory=dict)
+    choice: dict[str, Any] = field(default_factory=dict)
     pid: int = field(default_factory=os.getpid)
 
 
@@ -202,23 +202,23 @@ def convert_model(
         return HeadReport(path="bf16", reason=f"head_dtype {head_dtype} differs from the weight")
 
     report = HeadReport(path="int8", shape=list(weight.shape), dtype=str(weight.dtype))
-    plan, packed, scale = _plan_and_weight(head, weight, max_rows)
-    report.calibration = plan.summary()
-    report.plan = {"path": plan.path, "layout": plan.layout, "source": plan.source,
-                   "table": [[b, describe(c)] for b, c in plan.table]}  # fmt: skip
-    if plan.path != "int8" or packed is None:
+    choice, packed, scale = _choice_and_weight(head, weight, max_rows)
+    report.calibration = choice.summary()
+    report.choice = {"path": choice.path, "layout": choice.layout, "source": choice.source,
+                   "table": [[b, describe(c)] for b, c in choice.table]}  # fmt: skip
+    if choice.path != "int8" or packed is None:
         del packed, scale
         if weight.is_cuda:
             torch.cuda.empty_cache()  # the int8 copies made for the measurement
         report.path = "bf16"
-        report.reason = plan.summary()
+        report.reason = choice.summary()
         return report
-    report.layout = plan.layout
+    report.layout = choice.layout
     report.freed_bytes = weight.numel() * weight.element_size()
     report.int8_bytes = packed.numel() * packed.element_size() + scale.numel() * 4
     head.register_buffer("int8_weight", packed, persistent=False)
     head.int8_layout = report.layout
-    head.int8_table = plan.table
+    head.int8_table = choice.table
     head.register_buffer("int8_scale", scale, persistent=False)
     head.quant_method = Int8HeadMethod(head.quant_method)
     report.drafter = _drafter_sharing(head, drafter)
@@ -241,10 +241,10 @@ def convert_model(
     return report
 
 
-def _plan_and_weight(
+def _choice_and_weight(
     head: torch.nn.Module, weight: torch.Tensor, rows: int
-) -> tuple[Plan, torch.Tensor | None, torch.Tensor]:
-    """The plan (from the cache, measured, or the built-in table) and, for an int8 plan, the
+) -> tuple[HeadChoice, torch.Tensor | None, torch.Tensor]:
+    """The choice (from the cache, measured, or the built-in table) and, for an int8 choice, the
     int8 weight in its layout with its scales. Calibration needs the bf16 weight, so it runs
     here, before the caller frees it; a failure keeps the bf16 head."""
     preferred = preferred_layout(weight.device)
@@ -252,8 +252,8 @@ def _plan_and_weight(
     on_gpu = _calibratable(weight)
     if not on_gpu or mode == "off":
         why = "no GPU kernels to calibrate" if not on_gpu else f"{CALIBRATE_ENV}=off"
-        plan = built_in_plan(preferred, "; ".join(filter(None, [why, note])))
-        return plan, *_quantised(weight, plan.layout)
+        choice = built_in_choice(preferred, "; ".join(filter(None, [why, note])))
+        return choice, *_quantised(weight, choice.layout)
     path = calibration_cache.cache_path()
     try:
         key = calibration_cache.key(weight, rows)
@@ -273,19 +273,19 @@ def _plan_and_weight(
         weights[layout.ROWS] = q
     method = head.quant_method
     try:
-        plan = calibrate(weights, scale, lambda x: method.apply(head, x), max_rows=rows,
+        choice = calibrate(weights, scale, lambda x: method.apply(head, x), max_rows=rows,
                          dtype=weight.dtype)  # fmt: skip
     except Exception as error:  # a failing kernel or GPU: bf16 is the safe choice
         first = str(error).splitlines()[0] if str(error) else ""
-        failed = Plan("bf16", preferred, (), source="measured",
+        failed = HeadChoice("bf16", preferred, (), source="measured",
                       note=f"calibration failed ({type(error).__name__}: {first})")  # fmt: skip
         return failed, None, scale
-    written = calibration_cache.store(path, key, plan) if key is not None else ""
-    notes = [plan.note, "" if why == "no cache file" else why, written, note]
-    plan = dataclasses.replace(plan, note="; ".join(filter(None, notes)))
-    if plan.path != "int8":
-        return plan, None, scale
-    return plan, weights[plan.layout], scale
+    written = calibration_cache.store(path, key, choice) if key is not None else ""
+    notes = [choice.note, "" if why == "no cache file" else why, written, note]
+    choice = dataclasses.replace(choice, note="; ".join(filter(None, notes)))
+    if choice.path != "int8":
+        return choice, None, scale
+    return choice, weights[choice.layout], scale
 
 
 def _calibratable(weight: torch.Tensor) -> bool:
