@@ -75,21 +75,27 @@ LINK_LATENCY_US = 20.0  # per crossing: a small-message collective over the link
 
 
 @dataclass
-class Plan:
-    inputs: dict[str, Any]
-    mem_total_bytes: int
+class MachineMemory:
+    """One machine's memory as the plan divides it: what vLLM loads, its KV cache, the rest."""
+
     weights_bytes: int
-    weights_source: str
     drafter_weights_bytes: int
-    active_bytes: int | None
-    active_source: str
-    overhead_bytes: int
+    lmhead_reclaim_bytes: int  # what the int8 head gives back of the bf16 head
+    cudagraph_bytes: int  # vLLM's CUDA-graph estimate, taken from the KV budget when on
     vllm_share_bytes: int
     kv_bytes: int
     os_left_bytes: int
+    active_bytes: int | None  # weights read per decoded token
+
+
+@dataclass
+class Plan(MachineMemory):
+    inputs: dict[str, Any]
+    mem_total_bytes: int
+    weights_source: str
+    active_source: str
+    overhead_bytes: int
     largest_gpu_mem: float
-    lmhead_reclaim_bytes: int = 0
-    cudagraph_bytes: int = 0
     kv: KvGeometry | None = None
     kv_error: str | None = None
     decode_ceiling: dict[str, float] = field(default_factory=dict)
@@ -357,44 +363,61 @@ def kv_budget(
     return available - cudagraph, used, cudagraph, problem
 
 
+def machine_memory(
+    args: argparse.Namespace,
+    values: Mapping[str, str],
+    total: int,
+    loaded: tuple[int, int, int],
+    active: int | None,
+) -> tuple[MachineMemory, str | None]:
+    """One machine's division, `loaded` being (weights, drafter weights, int8 head reclaim) on
+    it, and why it breaks the OS reserve or None."""
+    weights, drafter, reclaim = loaded
+    resident = weights + drafter - reclaim + int(args.overhead_gib * GIB)
+    kv_bytes, used, cudagraph, problem = kv_budget(args, values, total, resident)
+    memory = MachineMemory(
+        weights_bytes=weights,
+        drafter_weights_bytes=drafter,
+        lmhead_reclaim_bytes=reclaim,
+        cudagraph_bytes=cudagraph,
+        vllm_share_bytes=used,
+        kv_bytes=kv_bytes,
+        os_left_bytes=total - used,
+        active_bytes=active,
+    )
+    return memory, problem
+
+
 def make_plan(args: argparse.Namespace, env: Mapping[str, str]) -> Plan:
     """Everything but the exit status; UsageError / CheckpointError / KnobError on input."""
     sources = read_sources(args, env)
     values, config, found = sources.values, sources.config, sources.found
     weights_bytes, source, total = sources.weights_bytes, sources.weights_source, sources.total
-    share = int(float(values["GPU_MEM"]) * total)
     overhead = int(args.overhead_gib * GIB)
     reclaim = lmhead_reclaim_bytes(config) if values["SPARK_KEEP_BF16_LMHEAD"] == "0" else 0
-    loaded = weights_bytes + sources.drafter_bytes - reclaim
-    kv_bytes, used, cudagraph, problem = kv_budget(args, values, total, loaded + overhead)
     active, active_source = active_bytes(args, config, found, weights_bytes)
+    loaded = (weights_bytes, sources.drafter_bytes, reclaim)
+    memory, problem = machine_memory(args, values, total, loaded, active)
     plan = Plan(
+        **vars(memory),
         inputs=plan_inputs(args, sources),
         mem_total_bytes=total,
-        weights_bytes=weights_bytes,
         weights_source=source,
-        drafter_weights_bytes=sources.drafter_bytes,
-        active_bytes=active,
         active_source=active_source,
         overhead_bytes=overhead,
-        vllm_share_bytes=used,
-        kv_bytes=kv_bytes,
-        os_left_bytes=total - used,
         largest_gpu_mem=largest_gpu_mem(float(values["OS_RESERVE_GB"]), total),
-        lmhead_reclaim_bytes=reclaim,
-        cudagraph_bytes=cudagraph,
     )
     if problem is not None:
         plan.problems.append(problem)
-    if kv_bytes <= 0:
+    if plan.kv_bytes <= 0:
         plan.problems.append(
             f"no memory left for the KV cache: GPU_MEM={values['GPU_MEM']} of "
-            f"{total / GIB:.1f} GiB is {share / GIB:.1f} GiB, the weights and overhead take "
-            f"{(loaded + overhead + cudagraph) / GIB:.1f} GiB"
+            f"{total / GIB:.1f} GiB is {plan.vllm_share_bytes / GIB:.1f} GiB, the weights and "
+            f"overhead take {(plan.vllm_share_bytes - plan.kv_bytes) / GIB:.1f} GiB"
         )
         return plan
     try:
-        plan.kv = kv_geometry(kv_request(args, sources, kv_bytes))
+        plan.kv = kv_geometry(kv_request(args, sources, plan.kv_bytes))
     except VllmMissing as error:
         plan.kv_error = str(error)
         return plan

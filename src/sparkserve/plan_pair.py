@@ -45,11 +45,12 @@ from sparkserve.memory.sharding import (
 )
 from sparkserve.plan import (
     INT8_SCALE_BYTES,
+    MachineMemory,
     Sources,
     active_bytes,
     ceilings,
-    kv_budget,
     kv_request,
+    machine_memory,
     model_rows,
     plan_inputs,
     read_sources,
@@ -69,18 +70,10 @@ DFLASH_PP_NOTE = (
 
 
 @dataclass
-class NodePlan:
+class NodePlan(MachineMemory):
     rank: int
     role: str  # "head" or "worker"
     layers: tuple[int, int]  # [first, end) of the decoder layers it runs
-    weights_bytes: int
-    drafter_weights_bytes: int
-    lmhead_reclaim_bytes: int
-    cudagraph_bytes: int
-    vllm_share_bytes: int
-    kv_bytes: int
-    os_left_bytes: int
-    active_bytes: int | None  # weights read per decoded token on this node
     kv: KvGeometry | None = None
 
 
@@ -130,24 +123,9 @@ def _node(
     active: int | None,
 ) -> tuple[NodePlan, str | None]:
     """One node's memory: loaded = (weights, drafter weights, reclaim) on it."""
-    values, total = sources.values, sources.total
-    weights_bytes, drafter_bytes, reclaim = loaded
-    resident = weights_bytes + drafter_bytes - reclaim + int(args.overhead_gib * GIB)
-    kv_bytes, used, cudagraph, problem = kv_budget(args, values, total, resident)
-    node = NodePlan(
-        rank=rank,
-        role="head" if rank == 0 else "worker",
-        layers=split.layers[rank],
-        weights_bytes=weights_bytes,
-        drafter_weights_bytes=drafter_bytes,
-        lmhead_reclaim_bytes=reclaim,
-        cudagraph_bytes=cudagraph,
-        vllm_share_bytes=used,
-        kv_bytes=kv_bytes,
-        os_left_bytes=total - used,
-        active_bytes=active,
-    )
-    return node, problem
+    memory, problem = machine_memory(args, sources.values, sources.total, loaded, active)
+    role = "head" if rank == 0 else "worker"
+    return NodePlan(**vars(memory), rank=rank, role=role, layers=split.layers[rank]), problem
 
 
 def make_pair_plan(args: argparse.Namespace, env: Mapping[str, str], layout: str) -> PairPlan:
