@@ -90,12 +90,15 @@ class MachineMemory:
 
 @dataclass
 class Plan(MachineMemory):
-    inputs: dict[str, Any]
+    """`sparkserve plan` for one machine: its memory division, the KV pool vLLM would build in
+    it, the decode ceiling, and every reason it does not fit."""
+
+    inputs: dict[str, Any]  # the knobs and options the plan used, by name
     mem_total_bytes: int
-    weights_source: str
+    weights_source: str  # where weights_bytes came from: the checkpoint's files or --weights-gib
     active_source: str
     overhead_bytes: int
-    largest_gpu_mem: float
+    largest_gpu_mem: float  # the largest GPU_MEM (in hundredths) leaving OS_RESERVE_GB free
     kv: KvGeometry | None = None
     kv_error: str | None = None
     decode_ceiling: dict[str, float] = field(default_factory=dict)
