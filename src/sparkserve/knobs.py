@@ -85,7 +85,8 @@ class Knob:
         elif self.kind in ("int", "float"):
             number = _parse_number(value, self.kind)
             if number is not None and _within(number, self.minimum, self.maximum):
-                return value
+                # an int in its plain form: bash reads 08 as octal, JSON refuses +2
+                return str(int(number)) if self.kind == "int" else value
         elif self.kind == "choice":
             if value in self.choices:
                 return value
@@ -104,11 +105,18 @@ def _fmt(number: float | None) -> str:
     return str(int(number)) if float(number).is_integer() else str(number)
 
 
+# What the launchers' shell, awk and JSON all read alike: ASCII digits, no sign but a minus, no
+# digit separators (Python's int() and float() would also take "+2", "1_0" and other scripts).
+_PLAIN_NUMBER = {
+    "int": re.compile(r"-?[0-9]+"),
+    "float": re.compile(r"-?([0-9]+(\.[0-9]*)?|\.[0-9]+)([eE][-+]?[0-9]+)?"),
+}
+
+
 def _parse_number(text: str, kind: Kind) -> float | None:
-    try:
-        number = int(text) if kind == "int" else float(text)
-    except ValueError:
+    if not _PLAIN_NUMBER[kind].fullmatch(text):
         return None
+    number = int(text) if kind == "int" else float(text)
     return number if math.isfinite(number) else None
 
 
