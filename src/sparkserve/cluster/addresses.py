@@ -5,7 +5,8 @@ Pure functions over `psutil.net_if_addrs()` (a name -> addresses mapping; each a
 same rules and a test can hand them any host it likes. The rules:
 
 - CLUSTER_IFACE exists, is up and has a carrier;
-- CLUSTER_HEAD_ADDR is one IPv4 address, not unspecified, multicast or broadcast
+- CLUSTER_HEAD_ADDR is one IPv4 address, not unspecified, multicast or broadcast (on the
+  worker, nor the network or broadcast address of the link's network)
   (link-local 169.254.x.x is fine: NVIDIA's automatic netplan for two Sparks gives those;
   loopback is allowed for a rehearsal of both roles on one machine over `lo`);
 - CLUSTER_IFACE exists on this host and has an IPv4 address;
@@ -37,7 +38,8 @@ def interface_problem(iface: str, stats: Mapping[str, Any]) -> str | None:
             "on the link)"
         )
     if iface not in stats:
-        return f"CLUSTER_IFACE={iface!r}: no such interface here (have: {', '.join(sorted(stats))})"
+        known = ", ".join(sorted(stats)) or "none"
+        return f"CLUSTER_IFACE={iface!r}: no such interface here (have: {known})"
     flags = stats[iface].flags.split(",")
     if "up" not in flags:
         return (
@@ -116,8 +118,22 @@ def link_address(
         )
     for item in mine:
         if address in item.network:
+            _not_network_or_broadcast(head, iface, address, item)
             return item
     raise AddressError(
         f"CLUSTER_HEAD_ADDR={head!r} is not in the network of CLUSTER_IFACE={iface!r} "
         f"({shown}): the pair's traffic would leave by another interface"
     )
+
+
+def _not_network_or_broadcast(
+    head: str, iface: str, address: IPv4Address, item: IPv4Interface
+) -> None:
+    """A /30 or wider network's first and last addresses name the network, not a host."""
+    net = item.network
+    if net.prefixlen <= 30 and address in (net.network_address, net.broadcast_address):
+        which = "network" if address == net.network_address else "broadcast"
+        raise AddressError(
+            f"CLUSTER_HEAD_ADDR={head!r} is the {which} address of CLUSTER_IFACE={iface!r}'s "
+            f"network {net}: it must be the head's own address"
+        )
