@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from sparkserve.patching import PREFIX_ALIGN, State
+from sparkserve.patching import PREFIX_ALIGN
 from sparkserve.versions import read_versions
 
 REPO = Path(__file__).resolve().parents[2]
@@ -232,12 +232,3 @@ def test_read_only_site_packages_gives_a_clear_error(buggy_copy: Path) -> None:
     assert "Read-only file system" in done.stderr or "Permission denied" in done.stderr
     assert sha256(target) == original
     assert not list(target.parent.glob(".kv_cache_utils.py.*.tmp"))
-
-
-def test_corrupted_marker_region_is_unrecognised() -> None:
-    source = "def f():\n    x = 1\n"
-    broken = f"def f():\n    {PREFIX_ALIGN.begin_marker()}\n    x = 2\n"
-    assert PREFIX_ALIGN.classify(source)[0].state is State.UNRECOGNISED
-    finding, _ = PREFIX_ALIGN.classify(broken)
-    assert finding.state is State.UNRECOGNISED
-    assert "one begin and one end marker" in finding.detail

@@ -92,10 +92,16 @@ class Patch(ABC):
             )
         lines = source.splitlines(keepends=True)
         indent = re.match(r"[ \t]*", lines[span.start]).group(0)  # type: ignore[union-attr]
+        replaced = lines[span.start : span.end]
+        # The file's last line without a final newline: its comment gets one, the end marker
+        # goes without (and revert takes it off again), so the bytes round-trip.
+        open_end = not replaced[-1].endswith(("\n", "\r"))
+        if open_end:
+            replaced[-1] += "\n"
         region = [f"{indent}{self.begin_marker()}\n"]
-        region += [f"{indent}{ORIGINAL_PREFIX}{line}" for line in lines[span.start : span.end]]
+        region += [f"{indent}{ORIGINAL_PREFIX}{line}" for line in replaced]
         region += span.new_lines
-        region.append(f"{indent}{self.end_marker()}\n")
+        region.append(f"{indent}{self.end_marker()}" + ("" if open_end else "\n"))
         patched = "".join(lines[: span.start] + region + lines[span.end :])
         try:
             compile(patched, self.info.target, "exec")
@@ -123,6 +129,9 @@ class Patch(ABC):
                 original.append(stripped[len(ORIGINAL_PREFIX) :])
         if not original:
             raise PatchError(f"patch {self.info.name}: the marked region holds no original lines")
+        end_marker = lines[ends[0]]
+        if not end_marker.endswith(("\n", "\r")) and original[-1].endswith("\n"):
+            original[-1] = original[-1][:-1]  # the file ended on the replaced lines, unterminated
         return "".join(lines[: begins[0]] + original + lines[ends[0] + 1 :])
 
 
@@ -149,7 +158,10 @@ def read_source(path: Path) -> str:
 
 def write_atomically(path: Path, text: str) -> None:
     """Replace `path` with `text` in one rename, keeping its mode; never a half-written file."""
-    mode = path.stat().st_mode & 0o7777
+    try:
+        mode = path.stat().st_mode & 0o7777
+    except OSError as error:
+        raise PatchError(f"cannot write {path}: {error.strerror}") from error
     try:
         handle = tempfile.NamedTemporaryFile(  # noqa: SIM115 (closed below, then renamed)
             "w",
@@ -172,6 +184,7 @@ def write_atomically(path: Path, text: str) -> None:
             os.fsync(handle.fileno())
         os.chmod(handle.name, mode)
         os.replace(handle.name, path)
-    except OSError as error:
+    except (OSError, UnicodeEncodeError) as error:
         Path(handle.name).unlink(missing_ok=True)
-        raise PatchError(f"cannot write {path}: {error.strerror}") from error
+        why = error.strerror if isinstance(error, OSError) else f"not UTF-8 ({error.reason})"
+        raise PatchError(f"cannot write {path}: {why}") from error
