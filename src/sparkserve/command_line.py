@@ -53,8 +53,13 @@ def one_line_errors(parser: argparse.ArgumentParser, prog: str) -> None:
 def number_rule(kind: type[float] | type[int], low: float, high: float = math.inf) -> str:
     noun = "a whole number" if kind is int else "a number"
     if math.isinf(high):
-        return f"{noun} of at least {low:g}"
-    return f"{noun} from {low:g} to {high:g}"
+        return f"{noun} of at least {_bound(low)}"
+    return f"{noun} from {_bound(low)} to {_bound(high)}"
+
+
+def _bound(number: float) -> str:
+    """A bound as the user would type it: whole numbers in full (2**50, not 1.1259e+15)."""
+    return str(int(number)) if float(number).is_integer() else f"{number:g}"
 
 
 def ranged(
@@ -68,7 +73,8 @@ def ranged(
             value: float = kind(text)
         except ValueError:
             value = math.nan
-        if not (math.isfinite(value) and low <= value <= high):
+        # an int is always finite (and may be too large for isfinite's float)
+        if not ((kind is int or math.isfinite(value)) and low <= value <= high):
             raise argparse.ArgumentTypeError(
                 f"{option}={text!r}: must be {number_rule(kind, low, high)}"
             )
