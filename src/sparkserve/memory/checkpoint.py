@@ -69,6 +69,8 @@ def read_config(directory: Path) -> dict[str, Any]:
         raise CheckpointError(
             f"{path}: not valid JSON (line {error.lineno}, column {error.colno}: {error.msg})"
         ) from None
+    except UnicodeDecodeError as error:
+        raise CheckpointError(f"{path}: not valid UTF-8 ({error.reason})") from None
     except OSError as error:
         raise CheckpointError(f"{path}: cannot read ({error.strerror})") from None
     if not isinstance(config, dict):
@@ -113,8 +115,11 @@ def _safetensors_header(path: Path) -> dict[str, Any]:
         (length,) = struct.unpack("<Q", head)
         if length > 100 * 1024 * 1024:
             raise CheckpointError(f"{path}: not a safetensors file (header of {length} bytes)")
+        text = handle.read(length)
+        if len(text) != length:
+            raise CheckpointError(f"{path}: not a safetensors file (truncated header)")
         try:
-            header = json.loads(handle.read(length))
+            header = json.loads(text)
         except (json.JSONDecodeError, UnicodeDecodeError):
             raise CheckpointError(f"{path}: not a safetensors file (bad header)") from None
     if not isinstance(header, dict):
@@ -122,27 +127,53 @@ def _safetensors_header(path: Path) -> dict[str, Any]:
     return header
 
 
+def _tensor_bytes(path: Path, info: dict[str, Any]) -> int:
+    """A header entry's size from its data_offsets, [start, end] in bytes."""
+    offsets = info.get("data_offsets", (0, 0))
+    if (
+        not isinstance(offsets, (list, tuple))
+        or len(offsets) != 2
+        or not all(isinstance(x, int) and x >= 0 for x in offsets)
+        or offsets[1] < offsets[0]
+    ):
+        raise CheckpointError(f"{path}: not a safetensors file (bad data_offsets {offsets!r})")
+    return int(offsets[1]) - int(offsets[0])
+
+
+def _index(directory: Path) -> tuple[int, set[str]] | None:
+    """The index's total_size and the files its weight_map names; None without an index."""
+    index = directory / "model.safetensors.index.json"
+    if not index.is_file():
+        return None
+    try:
+        data = json.loads(index.read_text())
+        size = int(data["metadata"]["total_size"])
+        names = {str(name) for name in data.get("weight_map", {}).values()}
+    except (ValueError, KeyError, TypeError, AttributeError):
+        raise CheckpointError(f"{index}: no metadata.total_size") from None
+    return size, names
+
+
 def weights(directory: Path) -> Weights | None:
-    """Bytes of the checkpoint's tensors: from the safetensors headers when the files are
-    here, else the index's total_size; None when neither is present."""
+    """Bytes of the checkpoint's tensors: from the safetensors headers when all its files are
+    here, else the index's total_size (a download not started or cut short); None when
+    neither is present."""
     files = sorted(directory.glob("*.safetensors"))
-    if files:
+    index = _index(directory)
+    missing = index[1] - {path.name for path in files} if index is not None else set()
+    if files and not missing:
         total = experts = 0
         for path in files:
             for name, info in _safetensors_header(path).items():
                 if name == "__metadata__" or not isinstance(info, dict):
                     continue
-                start, end = info.get("data_offsets", (0, 0))
-                size = int(end) - int(start)
+                size = _tensor_bytes(path, info)
                 total += size
                 if ".experts." in name:
                     experts += size
         return Weights(total, f"{len(files)} safetensors file(s)", experts)
-    index = directory / "model.safetensors.index.json"
-    if index.is_file():
-        try:
-            size = int(json.loads(index.read_text())["metadata"]["total_size"])
-        except (ValueError, KeyError, TypeError):
-            raise CheckpointError(f"{index}: no metadata.total_size") from None
-        return Weights(size, "model.safetensors.index.json (files not downloaded yet)")
+    if index is not None:
+        have = len(index[1]) - len(missing)
+        where = "files not downloaded yet" if not files else f"{have} of {len(index[1])} files here"
+        return Weights(index[0], f"model.safetensors.index.json ({where})")
     return None
