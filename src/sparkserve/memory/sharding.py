@@ -65,7 +65,8 @@ class Split:
     def per_node(self, whole: int, *, reads: bool = False) -> tuple[int, ...]:
         """`whole` (a checkpoint's bytes, or with `reads` the bytes a decoded token reads) on
         each node. A token reads the embedding once, on the first stage: with `reads` the
-        later stages' copies are not counted."""
+        later stages' copies are not counted, but for the last stage's tied head, which is
+        its embedding."""
         layer_count = self.layers[-1][1]
         if self.layout == "tp":
             body = max(whole - self.edge_bytes - self.replicated_bytes, 0)
@@ -79,11 +80,17 @@ class Split:
         body = max(whole - self.edge_bytes, 0)
         return tuple(
             body * (end - start) // layer_count
-            + (0 if reads and n else self.embedding_rows[n]) * self.row_bytes
+            + (self._embedding_read(n) if reads else self.embedding_rows[n]) * self.row_bytes
             + self.head_rows[n] * self.row_bytes
             + (self.final_norm_bytes if n == self.nodes - 1 else 0)
             for n, (start, end) in enumerate(self.layers)
         )
+
+    def _embedding_read(self, n: int) -> int:
+        """Rows a decoded token reads of stage n's embedding: the first stage's, and the last
+        stage's when it is the tied head."""
+        tied_head = self.tied and n == self.nodes - 1
+        return self.embedding_rows[n] if n == 0 or tied_head else 0
 
 
 def _dtype_bytes(text: dict[str, Any]) -> int:
@@ -141,6 +148,8 @@ def model_split(text: dict[str, Any], layout: str, nodes: int, *, embeds: bool =
 
     if layout not in LAYOUTS:
         raise ValueError(f"layout {layout!r}: must be one of {', '.join(LAYOUTS)}")
+    if nodes < 1:
+        raise ValueError(f"nodes {nodes}: must be 1 or more")
     hidden = int(text["hidden_size"])
     dtype = _dtype_bytes(text)
     layer_count = len(layer_kinds(text))
@@ -156,7 +165,8 @@ def model_split(text: dict[str, Any], layout: str, nodes: int, *, embeds: bool =
     else:
         layers = tuple(get_pp_indices(layer_count, n, nodes) for n in range(nodes))
         embedding = tuple(padded for _ in range(nodes))  # on every stage: see the docstring
-        head = tuple(padded if n == last else 0 for n in range(nodes))
+        # a tied head is the last stage's embedding itself, as in tp: no second copy
+        head = tuple(padded if n == last and not tied else 0 for n in range(nodes))
     return Split(
         layout=layout,
         layers=layers,
