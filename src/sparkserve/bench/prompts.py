@@ -123,16 +123,23 @@ def agent_prompt(variant: int) -> str:
 
 
 def prompt(kind: str, variant: int) -> str:
-    return {"prose": prose_prompt, "code": code_prompt, "agent": agent_prompt}[kind](variant)
+    makers = {"prose": prose_prompt, "code": code_prompt, "agent": agent_prompt}
+    if kind not in makers:
+        raise ValueError(f"prompt kind {kind!r}: must be one of {', '.join(makers)}")
+    return makers[kind](variant)
 
 
 def long_prefix(chars: int, nonce: str) -> str:
-    """About `chars` characters of document text, opened by `nonce` so no cache holds it."""
+    """`chars` characters of document text, opened by `nonce` so no cache holds it: never
+    fewer than that opening line, whose nonce must stay whole."""
+    if chars < 0:
+        raise ValueError(f"long_prefix: chars={chars}: must be 0 or more")
     rng = random.Random(7)
-    parts = [f"Document {nonce}.\n"]
-    size = len(parts[0])
+    opening = f"Document {nonce}.\n"
+    parts: list[str] = []
+    size = len(opening)
     while size < chars:
         paragraph = prose_paragraph(rng) + "\n\n"
         parts.append(paragraph)
         size += len(paragraph)
-    return "".join(parts)[:chars]
+    return opening + "".join(parts)[: max(chars - len(opening), 0)]
