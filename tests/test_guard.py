@@ -15,7 +15,6 @@ import pytest
 from sparkserve.guard import Limits, SwapRate, check, check_reason, next_wait
 from sparkserve.guard_textfile import GuardState, render
 from sparkserve.memory.host import GIB, read_meminfo
-from sparkserve.memory.pressure import StallRate, parse_pressure, read_pressure
 from support.vllm_server import metric_sum, parse_metrics
 
 REPO = Path(__file__).resolve().parents[1]
@@ -45,7 +44,7 @@ def test_rules() -> None:
     assert rate.add(2.0, 400_000_000) == pytest.approx(200e6)  # bytes written to swap
 
 
-def test_pressure_rule_reader_and_off_value(tmp_path: Path) -> None:
+def test_pressure_rule_and_off_value() -> None:
     limits = Limits(floor_bytes=GIB, swap_rate_bytes_s=0, psi_full_pct=40)
     assert check(limits, 3 * GIB, 0, 0.0, psi_full=39.9) is None
     rule, reason = check_reason(limits, 3 * GIB, 0, 0.0, psi_full=40.0) or ("", "")
@@ -53,26 +52,6 @@ def test_pressure_rule_reader_and_off_value(tmp_path: Path) -> None:
     assert check(Limits(GIB, 0, psi_full_pct=0), 3 * GIB, 0, 0.0, psi_full=100.0) is None
     assert check(limits, 3 * GIB, 0, 0.0, psi_full=None) is None  # a kernel without PSI
     assert (check_reason(limits, GIB // 2, 0, 0.0, psi_full=90.0) or ("",))[0] == "mem_available"
-    text = (
-        "some avg10=12.50 avg60=3.00 avg300=1.00 total=4000000\n"
-        "full avg10=7.25 avg60=1.00 avg300=0.50 total=1500000\n"
-    )
-    pressure = parse_pressure(text)
-    assert (pressure.some_avg10, pressure.full_avg10, pressure.full_total_us) == (
-        12.5,
-        7.25,
-        1500000,
-    )
-    with pytest.raises(ValueError, match="not a PSI file"):
-        parse_pressure("some avg10=x total=1\n", "/proc/pressure/memory")
-    stalls = StallRate()
-    assert stalls.add(10.0, pressure) == (0.0, 0.0)
-    later = parse_pressure(text.replace("total=4000000", "total=4500000"))
-    assert stalls.add(11.0, later) == pytest.approx((0.5, 0.0))
-    here = read_pressure()  # this machine's kernel: a real file or None, never an error
-    (tmp_path / "memory").write_text("no pressure here\n")
-    assert read_pressure(tmp_path / "memory") is None  # the guard keeps its other rules
-    assert here is None or 0 <= here.full_avg10 <= 100
 
 
 def test_polling_speeds_up_as_memory_falls_towards_the_floor() -> None:
