@@ -15,6 +15,8 @@ import sys
 from collections.abc import Callable
 from typing import NoReturn
 
+from sparkserve.knobs import bound_text
+
 # One meaning per exit code, for every sub-command.
 EXIT_OK = 0
 EXIT_FAILED = 1  # the check's answer is no: does not fit, FAIL, a blocker, a patch needed
@@ -53,13 +55,8 @@ def one_line_errors(parser: argparse.ArgumentParser, prog: str) -> None:
 def number_rule(kind: type[float] | type[int], low: float, high: float = math.inf) -> str:
     noun = "a whole number" if kind is int else "a number"
     if math.isinf(high):
-        return f"{noun} of at least {_bound(low)}"
-    return f"{noun} from {_bound(low)} to {_bound(high)}"
-
-
-def _bound(number: float) -> str:
-    """A bound as the user would type it: whole numbers in full (2**50, not 1.1259e+15)."""
-    return str(int(number)) if float(number).is_integer() else f"{number:g}"
+        return f"{noun} of at least {bound_text(low)}"
+    return f"{noun} from {bound_text(low)} to {bound_text(high)}"
 
 
 def ranged(

@@ -63,7 +63,7 @@ class Knob:
             text = "0 or 1"
         elif self.kind in ("int", "float"):
             number = "an integer" if self.kind == "int" else "a number"
-            text = f"{number} from {_fmt(self.minimum)} to {_fmt(self.maximum)}"
+            text = f"{number} from {bound_text(self.minimum)} to {bound_text(self.maximum)}"
         elif self.kind == "choice":
             text = "one of " + ", ".join(c for c in self.choices if c)
         elif self.shell_words:
@@ -99,7 +99,9 @@ class Knob:
         raise KnobError(f"{self.name}={shown}: must be {self.allowed()}")
 
 
-def _fmt(number: float | None) -> str:
+def bound_text(number: float | None) -> str:
+    """A range bound as the user would type it: whole numbers in full (2**50, not 1.1259e+15),
+    "any" for no bound."""
     if number is None:
         return "any"
     return str(int(number)) if float(number).is_integer() else str(number)

@@ -205,7 +205,7 @@ def convert_model(
     choice, packed, scale = _choice_and_weight(head, weight, max_rows)
     report.calibration = choice.summary()
     report.choice = {"path": choice.path, "layout": choice.layout, "source": choice.source,
-                   "table": [[b, describe(c)] for b, c in choice.table]}  # fmt: skip
+                     "table": [[b, describe(c)] for b, c in choice.table]}  # fmt: skip
     if choice.path != "int8" or packed is None:
         del packed, scale
         if weight.is_cuda:
