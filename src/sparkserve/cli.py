@@ -15,7 +15,7 @@ from pathlib import Path
 from sparkserve import __version__, data_tables
 from sparkserve.knob_docs import sync
 from sparkserve.knobs import LAUNCHERS
-from sparkserve.launcher_exports import main_resolve
+from sparkserve.launcher_exports import main_command, main_resolve
 from sparkserve.patching import ALL_PATCHES
 from sparkserve.patching.cli import run as run_patch
 
@@ -42,6 +42,8 @@ def _run_patch(args: argparse.Namespace) -> int:
 def _run_knobs(args: argparse.Namespace) -> int:
     if args.knobs_command == "resolve":
         return main_resolve(args.launcher, os.environ, args.prog)
+    if args.knobs_command == "command":
+        return main_command(args.launcher, os.environ, args.prog, args.pid)
     return _report_drift(sync(args.repo, check=args.check), args.check)
 
 
@@ -73,6 +75,14 @@ def build_parser() -> argparse.ArgumentParser:
     )
     resolve.add_argument("--launcher", choices=LAUNCHERS, required=True)
     resolve.add_argument("--prog", default="sparkserve", help="name to put on error lines")
+    command = knob_commands.add_parser(
+        "command", help="vLLM's command and environment for a launcher, as shell exports"
+    )
+    command.add_argument("--launcher", choices=LAUNCHERS, required=True)
+    command.add_argument("--prog", default="sparkserve", help="name to put on error lines")
+    command.add_argument(
+        "--pid", type=int, required=True, help="the process the guard and the pair watch watch"
+    )
     knob_sync = knob_commands.add_parser(
         "sync", help="regenerate the knob tables in compose, .env.example and the docs"
     )

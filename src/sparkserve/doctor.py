@@ -26,17 +26,16 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from sparkserve import recipes
 from sparkserve.check_row import Check, Status
 from sparkserve.cluster.identity import node_identity
 from sparkserve.cluster.link_rows import link_rows
 from sparkserve.cluster.preflight import Side, pair_rows
 from sparkserve.command_line import EXIT_FAILED, EXIT_OK, one_line_errors, ranged
 from sparkserve.guard import marker_path
-from sparkserve.knobs import KnobError, resolve
-from sparkserve.memory.budget import budget_problem
+from sparkserve.knobs import KnobError
 from sparkserve.memory.checkpoint import cache_dir_name, find_snapshot, hf_home
 from sparkserve.memory.host import GIB, read_meminfo
+from sparkserve.settings import Settings, check_recipe_fits, resolve_settings
 
 SPARK_COMPUTE_CAP = "12.1"
 DEFAULT_PAIR_WAIT_S = 60.0
@@ -122,10 +121,10 @@ def check_docker(spark: bool) -> tuple[list[Check], str | None]:
     return checks, info.get("DockerRootDir")
 
 
-def check_memory(values: Mapping[str, str], spark: bool) -> list[Check]:
+def check_memory(settings: Settings, spark: bool) -> list[Check]:
     mem = read_meminfo()
-    gpu_mem = float(values["GPU_MEM"])
-    want = gpu_mem * mem.total
+    values = settings.text
+    want = settings.vllm_share_bytes(mem.total)
     rows = [
         Check(
             "memory",
@@ -133,7 +132,7 @@ def check_memory(values: Mapping[str, str], spark: bool) -> list[Check]:
             f"{mem.total / GIB:.1f} GiB total, {mem.available / GIB:.1f} GiB available",
         )
     ]
-    problem = budget_problem(values["GPU_MEM"], values["OS_RESERVE_GB"], mem.total)
+    problem = settings.budget_problem(mem.total)
     if problem is None:
         detail = f"GPU_MEM={values['GPU_MEM']} keeps OS_RESERVE_GB={values['OS_RESERVE_GB']}"
         rows.append(Check("memory budget", "ok", detail))
@@ -229,8 +228,8 @@ def check_cache(model: str, home: Path) -> Check:
     return Check(f"cached {model}", "ok", repo)
 
 
-def check_port(values: Mapping[str, str]) -> Check:
-    port = int(values["PORT"])
+def check_port(settings: Settings) -> Check:
+    port = settings.integer("PORT")
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.settimeout(1)
         busy = sock.connect_ex(("127.0.0.1", port)) == 0
@@ -240,12 +239,12 @@ def check_port(values: Mapping[str, str]) -> Check:
 
 
 def check_pair(
-    values: Mapping[str, str], env: Mapping[str, str], spark: bool, wait_s: float
+    settings: Settings, env: Mapping[str, str], spark: bool, wait_s: float
 ) -> list[Check]:
     """With CLUSTER_NODES=2: this node's end of the link, then the meeting with the peer's
     doctor (cluster.preflight) over the ports the engine uses."""
-    rows, end = link_rows(values, spark)
-    port, watch = values["CLUSTER_PORT"], values["CLUSTER_WATCH_PORT"]
+    rows, end = link_rows(settings.text, spark)
+    port, watch = settings.integer("CLUSTER_PORT"), settings.integer("CLUSTER_WATCH_PORT")
     rows.append(
         Check(
             "engine ports",
@@ -258,10 +257,10 @@ def check_pair(
     if end is None:
         return [*rows, Check("peer", "skip", "not tried: fix the link rows first")]
     side = Side(
-        rank=int(values["CLUSTER_RANK"]),
-        head=values["CLUSTER_HEAD_ADDR"],
-        port=int(port),
-        watch_port=int(watch),
+        rank=settings.integer("CLUSTER_RANK"),
+        head=settings["CLUSTER_HEAD_ADDR"],
+        port=port,
+        watch_port=watch,
         local=str(end.address.ip),
         identity=node_identity(env),
         link={"mtu": end.mtu, "speed_mbps": end.speed_mbps},
@@ -289,21 +288,19 @@ def diagnose(
     docker_rows, docker_root = check_docker(spark)
     rows += docker_rows
     try:
-        # the chosen RECIPE's values first, as the launchers resolve them
-        chosen = recipes.apply(env, method, read_meminfo().total)  # type: ignore[arg-type]
-        values = resolve(chosen, method)  # type: ignore[arg-type]
+        # as the launcher resolves them (sparkserve.settings)
+        settings = resolve_settings(env, method)  # type: ignore[arg-type]
+        check_recipe_fits(settings, read_meminfo().total)
     except KnobError as error:
         rows.append(Check("knobs", "blocker", str(error)))
-        values = resolve({}, method)  # type: ignore[arg-type]
+        settings = resolve_settings({}, method)  # type: ignore[arg-type]
     else:
         rows.append(Check("knobs", "ok", "every knob in the environment is allowed"))
-    if values["CLUSTER_NODES"] == "2":
-        rows += check_pair(values, env, spark, pair_wait_s)
-    rows += check_memory(values, spark)
+    if settings.pair:
+        rows += check_pair(settings, env, spark, pair_wait_s)
+    rows += check_memory(settings, spark)
     home = hf_home(dict(env))
-    models = [values["MODEL"]]
-    if method == "dflash" and int(values["NUM_SPEC_TOKENS"]) > 0:
-        models.append(values["DRAFT_MODEL"])
+    models = [ref for _, ref in settings.models()]
     cache_rows = [check_cache(model, home) for model in models]
     cached = all(row.status == "ok" for row in cache_rows)
     rows += check_disk(home, docker_root, need_gb, cached)
@@ -327,7 +324,7 @@ def diagnose(
                 "read it, fix the cause, start once with GUARD_RESUME=1",
             )
         )
-    rows.append(check_port(values))
+    rows.append(check_port(settings))
     return rows
 
 

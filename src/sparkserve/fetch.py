@@ -18,7 +18,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from sparkserve.knobs import LAUNCHERS, KnobError, Launcher, resolve
+from sparkserve.knobs import LAUNCHERS, KnobError, Launcher
+from sparkserve.settings import Settings, resolve_settings
 
 EXIT_BAD_KNOB = 2
 EXIT_FETCH_FAILED = 4
@@ -35,12 +36,9 @@ class Wanted:
     ref: str  # a Hugging Face repo id or a local folder
 
 
-def wanted(values: Mapping[str, str], launcher: Launcher) -> list[Wanted]:
-    """The checkpoints the launcher's vLLM command will load, with these knob values."""
-    refs = [Wanted("MODEL", values["MODEL"])]
-    if launcher == "dflash" and int(values["NUM_SPEC_TOKENS"]) > 0:
-        refs.append(Wanted("DRAFT_MODEL", values["DRAFT_MODEL"]))
-    return refs
+def wanted(settings: Settings) -> list[Wanted]:
+    """The checkpoints the launcher's vLLM command will load with these settings."""
+    return [Wanted(knob, ref) for knob, ref in settings.models()]
 
 
 def is_local(ref: str) -> bool:
@@ -163,16 +161,16 @@ def fetch_one(item: Wanted, hf_home: Path, offline: bool, record: Record) -> str
 
 def run_fetch(env: Mapping[str, str], launcher: Launcher, prog: str) -> int:
     try:
-        values = resolve(env, launcher)
+        settings = resolve_settings(env, launcher)
     except KnobError as error:
         print(f"{prog}: {error}", file=sys.stderr)
         return EXIT_BAD_KNOB
-    hf_home = Path(values["HF_HOME"])
+    hf_home = Path(settings["HF_HOME"])
     # huggingface_hub reads HF_HOME (and HF_TOKEN) from the environment.
     os.environ["HF_HOME"] = str(hf_home)
-    offline = values["HF_OFFLINE"] == "1"
+    offline = settings.flag("HF_OFFLINE")
     record = Record(hf_home)
-    for item in wanted(values, launcher):
+    for item in wanted(settings):
         try:
             line = fetch_one(item, hf_home, offline, record)
         except FetchError as error:

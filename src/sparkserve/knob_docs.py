@@ -2,8 +2,9 @@
 
 Each target file holds a region between two marker lines that `sparkserve knobs sync`
 rewrites from the registry; `sparkserve knobs sync --check` (run by the tests) fails on drift.
-docker-compose.yml has two: `knobs` (the Spark services) and `knobs-cpu` (the cpu profile,
-with the cpu image's defaults).
+docker-compose.yml's region is the one environment block of every server and fetch service:
+each knob passed through only when the user sets it (in `.env`, the shell, or by editing its
+line), its defaults in a comment, so that each launcher applies its own (sparkserve.settings).
 """
 
 from __future__ import annotations
@@ -12,19 +13,14 @@ import re
 from collections.abc import Callable
 from pathlib import Path
 
-from sparkserve.knobs import GROUP_TITLES, KNOBS, Image, Knob
+from sparkserve.knobs import GROUP_TITLES, KNOBS, Knob
 
 
-def compose_value(knob: Knob, image: Image = "spark") -> str:
-    # ${X-d} keeps an empty value (empty means "off" for these); ${X:-d} treats empty as unset.
-    operator = "-" if knob.empty_ok else ":-"
-    return f'"${{{knob.name}{operator}{knob.default_for("dflash", image)}}}"'
-
-
-def render_compose(indent: str, image: Image = "spark") -> list[str]:
-    """The environment block of compose's services (compose-only knobs never reach them)."""
+def render_compose(indent: str) -> list[str]:
+    """The environment block of compose's services (compose-only knobs never reach them): a
+    key without a value passes the user's setting through, or nothing when there is none."""
     return [
-        f"{indent}{knob.name}: {compose_value(knob, image)}"
+        f"{indent}{knob.name}:  # default {knob.default or '(empty)'}{_other_defaults(knob)}"
         for knob in KNOBS
         if knob.scope == "container"
     ]
@@ -76,7 +72,6 @@ def render_markdown(indent: str) -> list[str]:
 
 TARGETS: list[tuple[str, str, Callable[[str], list[str]]]] = [
     ("docker-compose.yml", "knobs", render_compose),
-    ("docker-compose.yml", "knobs-cpu", lambda indent: render_compose(indent, "cpu")),
     (".env.example", "knobs", render_env_example),
     ("docs/KNOBS.md", "knobs", render_markdown),
     ("README.md", "knobs", render_markdown),

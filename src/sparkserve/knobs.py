@@ -25,6 +25,8 @@ IMAGE_ENV = "SPARKSERVE_IMAGE"
 # Where a knob is read: by the launcher inside the container, or by compose alone (the
 # published address, the cache's source); compose-only knobs never reach the container.
 Scope = Literal["container", "compose"]
+# Where a default comes from, lowest first (sparkserve.settings adds the recipe and the user).
+DefaultLayer = Literal["registry", "image", "launcher"]
 
 
 class KnobError(ValueError):
@@ -45,17 +47,24 @@ class Knob:
     shell_words: bool = False  # for text: must split like a shell command line
     empty_ok: bool = False  # an empty value is allowed (and means "off" or "unset")
     secret: bool = False  # never printed
-    mtp_default: str | None = None  # mtp_serve.sh's default where it differs
-    cpu_default: str | None = None  # the cpu image's default where it differs (wins over mtp)
+    mtp_default: str | None = None  # mtp_serve.sh's default where it differs (wins over cpu)
+    cpu_default: str | None = None  # the cpu image's default where it differs
     launchers: tuple[Launcher, ...] = LAUNCHERS
     scope: Scope = "container"
 
-    def default_for(self, launcher: Launcher, image: Image = "spark") -> str:
-        if image == "cpu" and self.cpu_default is not None:
-            return self.cpu_default
+    def default_source(
+        self, launcher: Launcher, image: Image = "spark"
+    ) -> tuple[str, DefaultLayer]:
+        """The default this launcher in this image starts from, and its layer: the launcher's
+        (mtp) over the image's (cpu) over the registry's (sparkserve.settings)."""
         if launcher == "mtp" and self.mtp_default is not None:
-            return self.mtp_default
-        return self.default
+            return self.mtp_default, "launcher"
+        if image == "cpu" and self.cpu_default is not None:
+            return self.cpu_default, "image"
+        return self.default, "registry"
+
+    def default_for(self, launcher: Launcher, image: Image = "spark") -> str:
+        return self.default_source(launcher, image)[0]
 
     def allowed(self) -> str:
         """The rule in words, as the error message and the docs show it."""
@@ -336,21 +345,3 @@ def image_of(env: Mapping[str, str]) -> Image:
     if value not in IMAGES:
         raise KnobError(f"{IMAGE_ENV}={value!r}: must be one of {', '.join(IMAGES)}")
     return value  # type: ignore[return-value]
-
-
-def knob_value(
-    name: str, env: Mapping[str, str], launcher: Launcher = "dflash", given: str | None = None
-) -> str:
-    """One knob's value as `launcher` sees it: `given` (an option), else `env`, else its
-    default for that launcher and image (unset, or empty where empty is not allowed);
-    validated."""
-    knob = BY_NAME[name]
-    raw = given if given is not None else env.get(name)
-    if raw is None or (raw.strip() == "" and not knob.empty_ok):
-        raw = knob.default_for(launcher, image_of(env))
-    return knob.check(raw)
-
-
-def resolve(env: Mapping[str, str], launcher: Launcher) -> dict[str, str]:
-    """Each knob of `launcher` from `env` (unset or empty: its default), validated."""
-    return {knob.name: knob_value(knob.name, env, launcher) for knob in knobs_for(launcher)}

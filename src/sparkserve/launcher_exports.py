@@ -1,23 +1,25 @@
-"""What a launcher learns before it builds vLLM's command line, as shell exports.
+"""What a launcher learns from Python, as shell exports for it to eval, in two steps.
 
-`sparkserve knobs resolve --launcher L` takes the chosen RECIPE's values for the knobs the user
-did not set (sparkserve.recipes), validates every knob, checks the memory budget against
-this machine, finds the installed vLLM's release and the workarounds it needs, and prints
-`export NAME='value'` lines for the launcher to eval. On any problem it prints one line
-naming the knob, the value and what is allowed, and exits 2 (the launcher then stops).
+`sparkserve knobs resolve --launcher L` (before anything starts): resolves the settings
+(sparkserve.settings), checks the memory budget, a chosen recipe's fit, the pair's layout and
+link against this machine, and exports what the shell's own steps need: every knob's value
+(secrets excepted), VLLM_FOUND_VERSION, MEM_TOTAL_GIB, GUARD_MARKER (the guard's record of a
+stop), CLUSTER_STATE_FILE (the pair watch's state) and FETCH_ARGS (the fetch's command).
 
-Besides the knobs it exports VLLM_FOUND_VERSION, MEM_TOTAL_GIB, GUARD_MARKER (the guard's
-record of a stop), CLUSTER_HOST_IP and CLUSTER_DIST_TIMEOUT_S (a pair's link, checked by
-sparkserve.cluster.link; empty on one node), CLUSTER_STATE_FILE (the pair watch's state),
-and what the workarounds that apply add: WORKAROUND_ARGV (a bash array of `vllm serve` arguments),
-WORKAROUND_SPECULATIVE_FIELDS (`,"key":value` text for the speculative config's JSON) and
-WORKAROUND_NOTES (a bash array: each one's reason, for the launcher to print).
+`sparkserve knobs command --launcher L --pid PID` (after the fetch, so the target's config.json
+is in the cache): exports vLLM's command and environment (sparkserve.vllm_command) as bash
+arrays VLLM_ARGS, VLLM_ENV (NAME=value, for `export`) and VLLM_ENV_SHOWN (NAME='value' lines
+with secrets hidden, for a dry run), WORKAROUND_NOTES, and the commands of the memory guard
+and the pair watch that watch PID (GUARD_ARGS, WATCH_ARGS; empty when they do not run).
+
+On any problem either prints one line naming the knob, the value and what is allowed, and
+exits 2 (the launcher then stops).
 """
 
 from __future__ import annotations
 
-import shlex
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from pathlib import Path
 
 from sparkserve import recipes
 from sparkserve.cluster.layout import check_layout
@@ -25,72 +27,129 @@ from sparkserve.cluster.link import cluster_exports
 from sparkserve.cluster.watch import state_path
 from sparkserve.command_line import EXIT_BAD_INPUT, EXIT_OK, fail
 from sparkserve.guard import marker_path, metrics_dir
-from sparkserve.knobs import KnobError, Launcher, knobs_for, resolve
-from sparkserve.memory.budget import budget_problem
+from sparkserve.knobs import KnobError, Launcher
+from sparkserve.memory.checkpoint import CheckpointError, is_hybrid, locate, read_config
 from sparkserve.memory.host import GIB, read_meminfo
 from sparkserve.patching.engine import PatchError
-from sparkserve.patching.vllm_install import locate
-from sparkserve.workarounds import WORKAROUNDS
+from sparkserve.patching.vllm_install import locate as locate_vllm
+from sparkserve.settings import Settings, check_budget, check_recipe_fits, resolve_settings
+from sparkserve.shell import bash_array, shell_quote
+from sparkserve.vllm_command import vllm_command
+
+LAUNCHER_SCRIPTS = recipes.LAUNCHER_SCRIPTS
 
 
-def shell_quote(value: str) -> str:
-    return "'" + value.replace("'", "'\\''") + "'"
-
-
-def bash_array(name: str, words: list[str] | tuple[str, ...]) -> str:
-    return f"{name}=({' '.join(shell_quote(word) for word in words)})"
-
-
-def exports(env: Mapping[str, str], launcher: Launcher, total_bytes: int) -> list[str]:
-    values = resolve(recipes.apply(env, launcher, total_bytes), launcher)
-    problem = budget_problem(values["GPU_MEM"], values["OS_RESERVE_GB"], total_bytes)
-    if problem is not None:
-        raise KnobError(problem)
+def installed_vllm() -> str:
     try:
-        vllm_version = locate(None).version
+        return locate_vllm(None).version
     except PatchError:
-        vllm_version = "unknown"
+        return "unknown"
+
+
+def checked_settings(env: Mapping[str, str], launcher: Launcher, total_bytes: int) -> Settings:
+    """The settings, with every check that can refuse a start before anything runs."""
+    settings = resolve_settings(env, launcher)
+    check_budget(settings, total_bytes)
+    if not settings.flag("DRY_RUN"):
+        # a dry run shows the command on any machine
+        check_recipe_fits(settings, total_bytes)
+    check_layout(settings)
+    return settings
+
+
+def target_is_hybrid(settings: Settings) -> tuple[bool, str]:
+    """(hybrid, note) from the target's config.json: in the cache (the fetch put it there),
+    a local folder, or, for a dry run before the fetch, a shipped recipe's copy of it."""
+    try:
+        config = read_config(locate(settings["MODEL"], Path(settings["HF_HOME"])))
+    except CheckpointError as error:
+        shipped = recipes.geometry_of(settings["MODEL"])
+        if shipped is None:
+            return False, f"MODEL's config.json is not at hand ({error}): taken as not hybrid"
+        config = read_config(shipped)
+    return is_hybrid(config), ""
+
+
+def resolve_exports(env: Mapping[str, str], launcher: Launcher, total_bytes: int) -> list[str]:
+    settings = checked_settings(env, launcher, total_bytes)
+    cluster_exports(settings.text)  # a pair's link knobs against this machine's interfaces
+    lines = [
+        f"export {name}={shell_quote(value)}"
+        for name, value in settings.text.items()
+        if name not in ("API_KEY", "HF_TOKEN")
+    ]
     derived = {
-        "VLLM_FOUND_VERSION": vllm_version,
+        "VLLM_FOUND_VERSION": installed_vllm(),
         "MEM_TOTAL_GIB": f"{total_bytes / GIB:.1f}",
-        "KV_CACHE_BYTES": str(int(float(values["KV_CACHE_GB"]) * GIB))
-        if values["KV_CACHE_GB"]
-        else "",
-        "GUARD_MARKER": str(marker_path(values["HF_HOME"])),
-        "GUARD_METRICS_DIR": str(metrics_dir(values["HF_HOME"])),
+        "GUARD_MARKER": str(marker_path(settings["HF_HOME"])),
+        "CLUSTER_STATE_FILE": str(state_path(env)),
     }
-    check_layout(values, launcher)
-    derived |= cluster_exports(values)
-    derived["CLUSTER_STATE_FILE"] = str(state_path(env))
-    argv: list[str] = []
-    notes: list[str] = []
-    speculative = ""
-    for workaround in WORKAROUNDS:
-        applies = workaround.applies(
-            vllm_version,
-            launcher,
-            prefix_cache=values["PREFIX_CACHE"] == "1",
-            speculating=int(values["NUM_SPEC_TOKENS"]) > 0,
-        )
-        if applies:
-            notes.append(workaround.reason)
-            argv += workaround.vllm_args
-            speculative += workaround.speculative_json()
-    derived["WORKAROUND_SPECULATIVE_FIELDS"] = speculative
-    secret = {knob.name for knob in knobs_for(launcher) if knob.secret}
-    lines = [f"export {k}={shell_quote(v)}" for k, v in values.items() if k not in secret]
     lines += [f"export {k}={shell_quote(v)}" for k, v in derived.items()]
-    lines.append(bash_array("WORKAROUND_ARGV", argv))
-    lines.append(bash_array("WORKAROUND_NOTES", notes))
-    # EXTRA_ARGS as a bash array, split here once so the launcher never re-parses it
-    lines.append(bash_array("EXTRA_ARGV", shlex.split(values.get("EXTRA_ARGS", ""))))
+    fetch = ["env", f"HF_HUB_OFFLINE={settings['HF_OFFLINE']}", "python3", "-m", "sparkserve",
+             "fetch", "--launcher", launcher, "--prog", LAUNCHER_SCRIPTS[launcher]]  # fmt: skip
+    lines.append(bash_array("FETCH_ARGS", fetch))
     return lines
 
 
+def guard_args(settings: Settings, pid: int) -> list[str]:
+    if not settings.flag("GUARD"):
+        return []
+    return [
+        "python3", "-m", "sparkserve.guard", "--pid", str(pid),
+        "--floor-gb", settings["GUARD_FLOOR_GB"], "--os-reserve-gb", settings["OS_RESERVE_GB"],
+        "--swap-mb-s", settings["GUARD_SWAP_MB_S"], "--psi-full-pct", settings["GUARD_PSI_PCT"],
+        "--textfile-dir", str(metrics_dir(settings["HF_HOME"])),
+        "--marker", str(marker_path(settings["HF_HOME"])),
+    ]  # fmt: skip
+
+
+def watch_args(settings: Settings, pid: int, address: str, state_file: Path) -> list[str]:
+    """The pair watch: like the guard it watches PID (vLLM's after the exec) and stops it when
+    either node of the pair fails; on the head it also asks vLLM's API."""
+    if not settings.pair:
+        return []
+    api = ""
+    if settings.integer("CLUSTER_RANK") == 0:
+        local = "127.0.0.1" if settings["HOST"] == "0.0.0.0" else settings["HOST"]
+        api = f"http://{local}:{settings['PORT']}"
+    return [
+        "python3", "-m", "sparkserve.cluster.watch", "--pid", str(pid),
+        "--rank", settings["CLUSTER_RANK"], "--head-addr", settings["CLUSTER_HEAD_ADDR"],
+        "--host-ip", address, "--port", settings["CLUSTER_WATCH_PORT"],
+        "--peer-timeout-s", settings["CLUSTER_PEER_TIMEOUT_S"],
+        "--join-timeout-s", settings["CLUSTER_JOIN_TIMEOUT_S"], "--state-file", str(state_file),
+        "--api-url", api,
+    ]  # fmt: skip
+
+
+def command_exports(
+    env: Mapping[str, str], launcher: Launcher, total_bytes: int, pid: int
+) -> list[str]:
+    settings = checked_settings(env, launcher, total_bytes)
+    address = cluster_exports(settings.text)["CLUSTER_HOST_IP"]
+    hybrid, note = target_is_hybrid(settings)
+    command = vllm_command(settings, installed_vllm(), hybrid, address)
+    return [
+        bash_array("VLLM_ARGS", command.argv),
+        bash_array("VLLM_ENV", [f"{k}={v}" for k, v in command.env.items()]),
+        bash_array("VLLM_ENV_SHOWN", command.shown_env()),
+        bash_array("WORKAROUND_NOTES", [*command.notes, *([note] if note else [])]),
+        bash_array("GUARD_ARGS", guard_args(settings, pid)),
+        bash_array("WATCH_ARGS", watch_args(settings, pid, address, state_path(env))),
+    ]
+
+
 def main_resolve(launcher: Launcher, env: Mapping[str, str], prog: str) -> int:
+    return _print_or_fail(prog, lambda total: resolve_exports(env, launcher, total))
+
+
+def main_command(launcher: Launcher, env: Mapping[str, str], prog: str, pid: int) -> int:
+    return _print_or_fail(prog, lambda total: command_exports(env, launcher, total, pid))
+
+
+def _print_or_fail(prog: str, make: Callable[[int], list[str]]) -> int:
     try:
-        total = read_meminfo().total
-        lines = exports(env, launcher, total)
+        lines = make(read_meminfo().total)
     except KnobError as error:
         return fail(prog, error, EXIT_BAD_INPUT)
     print("\n".join(lines))

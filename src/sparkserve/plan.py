@@ -35,8 +35,8 @@ from sparkserve.command_line import (
     fail,
     one_line_errors,
 )
-from sparkserve.knobs import KnobError, knob_value
-from sparkserve.memory.budget import budget_problem, largest_gpu_mem
+from sparkserve.knobs import KnobError
+from sparkserve.memory.budget import DEFAULT_OVERHEAD_GIB, budget_problem, largest_gpu_mem
 from sparkserve.memory.checkpoint import (
     CheckpointError,
     Weights,
@@ -55,16 +55,13 @@ from sparkserve.memory.kv import (
     VllmMissing,
     kv_geometry,
 )
+from sparkserve.settings import resolve_settings, tool_settings
 
 # Spark figures (docs/MEMORY.md, shared FACTS): LPDDR5X bandwidth on the datasheet and as
 # measured by others; the memory the OS sees.
 BANDWIDTH_DATASHEET_GBS = 273.0
 BANDWIDTH_MEASURED_GBS = (218.0, 234.0)
 SPARK_MEM_TOTAL_GIB = 119.7
-# Assumption: memory vLLM's profile charges besides weights and KV (peak activations at
-# MAX_BATCHED_TOKENS, the CUDA context, sampler and CUDA-graph pools). Calibrate it from a
-# server log: GPU_MEM x total - "Model loading took W GiB" - "Available KV cache memory: K GiB".
-DEFAULT_OVERHEAD_GIB = 3.0
 # Assumption: the share of the KV memory vLLM's CUDA-graph estimate takes on a GatedDeltaNet
 # model when VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS=1 (vLLM issue #50780 reports 18-24%).
 DEFAULT_CUDAGRAPH_SHARE = 0.21
@@ -193,20 +190,30 @@ def add_command(commands: Any) -> None:
 def cluster_shape(args: argparse.Namespace, env: Mapping[str, str]) -> tuple[int, str | None]:
     """Nodes and layout from --nodes / --layout, else CLUSTER_NODES / CLUSTER_LAYOUT;
     KnobError or UsageError (one line) on a bad value. One node has no layout."""
-    nodes = int(knob_value("CLUSTER_NODES", env, given=args.nodes))
+    given = {"CLUSTER_NODES": args.nodes, "CLUSTER_LAYOUT": args.layout}
+    settings = tool_settings(env, {k: v for k, v in given.items() if v is not None})
+    nodes = settings.integer("CLUSTER_NODES")
     if nodes == 1:
         if args.layout is not None:
             raise UsageError(
                 f"--layout={args.layout!r}: applies to two nodes (--nodes 2 or CLUSTER_NODES=2)"
             )
         return 1, None
-    return nodes, knob_value("CLUSTER_LAYOUT", env, given=args.layout)
+    return nodes, settings["CLUSTER_LAYOUT"]
+
+
+PLAN_KNOBS = (
+    "MODEL", "NUM_SPEC_TOKENS", "GPU_MEM", "MAX_MODEL_LEN", "MAX_NUM_SEQS",
+    "MAX_BATCHED_TOKENS", "OS_RESERVE_GB", "PREFIX_CACHE", "SPARK_KEEP_BF16_LMHEAD",
+    "VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS", "DRAFT_MODEL",
+)  # fmt: skip
 
 
 def _resolve_inputs(args: argparse.Namespace, env: Mapping[str, str]) -> dict[str, Any]:
+    """The knobs the plan reads, as the launcher resolves them, the options on top."""
     launcher = "mtp" if args.method == "mtp" else "dflash"
-    values = {
-        name: knob_value(name, env, launcher, getattr(args, option))
+    options = {
+        name: getattr(args, option)
         for name, option in (
             ("MODEL", "model"),
             ("NUM_SPEC_TOKENS", "num_spec_tokens"),
@@ -218,11 +225,13 @@ def _resolve_inputs(args: argparse.Namespace, env: Mapping[str, str]) -> dict[st
             ("PREFIX_CACHE", "prefix_cache"),
             ("SPARK_KEEP_BF16_LMHEAD", "keep_bf16_lmhead"),
             ("VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS", "estimate_cudagraphs"),
+            ("DRAFT_MODEL", "drafter"),
         )
+        if getattr(args, option) is not None
     }
-    if args.method == "dflash":
-        values["DRAFT_MODEL"] = knob_value("DRAFT_MODEL", env, launcher, args.drafter)
-    return values
+    settings = resolve_settings(env, launcher, {k: str(v) for k, v in options.items()})
+    names = [name for name in PLAN_KNOBS if name != "DRAFT_MODEL" or args.method == "dflash"]
+    return {name: settings[name] for name in names}
 
 
 def active_bytes(

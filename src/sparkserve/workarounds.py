@@ -1,9 +1,8 @@
-"""Known vLLM bugs the launchers work around, by release range, each with what it adds to
-vLLM's command: its own arguments, or fields of the speculative config."""
+"""Known vLLM bugs the launchers work around, by release range and by the model's kind, each
+with what it adds to vLLM's command: its own arguments, or fields of the speculative config."""
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 
 from sparkserve.knobs import Launcher
@@ -17,11 +16,17 @@ class Workaround:
     launchers: tuple[Launcher, ...]
     needs_prefix_cache: bool
     reason: str
+    needs_hybrid: bool = False  # only for a target with recurrent-state (Mamba-style) layers
     vllm_args: tuple[str, ...] = ()  # appended to `vllm serve`
     speculative_fields: dict[str, object] = field(default_factory=dict)  # into its JSON
 
     def applies(
-        self, version: str, launcher: Launcher, prefix_cache: bool, speculating: bool
+        self,
+        version: str,
+        launcher: Launcher,
+        prefix_cache: bool,
+        speculating: bool,
+        hybrid: bool,
     ) -> bool:
         """Whether the launcher adds it; a fix of the speculative config needs one (a
         launcher passes none with NUM_SPEC_TOKENS=0)."""
@@ -33,13 +38,8 @@ class Workaround:
             launcher in self.launchers
             and (prefix_cache or not self.needs_prefix_cache)
             and (speculating or not self.speculative_fields)
+            and (hybrid or not self.needs_hybrid)
             and self.first[:2] <= release <= self.last[:2]
-        )
-
-    def speculative_json(self) -> str:
-        """The fields as they follow others inside the speculative config: `,"k":v`."""
-        return "".join(
-            f",{json.dumps(k)}:{json.dumps(v)}" for k, v in self.speculative_fields.items()
         )
 
 
@@ -60,6 +60,7 @@ WORKAROUNDS: tuple[Workaround, ...] = (
         last=(0, 32),
         launchers=("dflash", "mtp"),
         needs_prefix_cache=True,
+        needs_hybrid=True,
         reason=(
             "prefix caching on a hybrid model needs Mamba align mode, which releases before "
             "0.33 take only from --mamba-cache-mode align: adding it"

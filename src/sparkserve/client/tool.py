@@ -19,7 +19,8 @@ from sparkserve import command_line as cl
 from sparkserve.client.server import PreflightError, Server, ServerInfo
 from sparkserve.command_line import UsageError
 from sparkserve.dotenv import DotenvError, with_dotenv
-from sparkserve.knobs import KnobError, knob_value
+from sparkserve.knobs import KnobError
+from sparkserve.settings import tool_settings
 
 
 class RunAborted(RuntimeError):
@@ -96,7 +97,7 @@ class LoadCommand:
 
 
 def max_num_seqs(args: argparse.Namespace, env: Mapping[str, str]) -> int:
-    return int(args.max_num_seqs or knob_value("MAX_NUM_SEQS", env))
+    return int(args.max_num_seqs or tool_settings(env).integer("MAX_NUM_SEQS"))
 
 
 def connect(
@@ -104,11 +105,12 @@ def connect(
 ) -> tuple[Server, ServerInfo]:
     """The server of --url (else the PORT knob) with the API_KEY knob, checked: it answers and
     serves the model of --model (else $SERVED_MODEL_NAME if set, else its only one)."""
-    url = args.url or f"http://127.0.0.1:{knob_value('PORT', env)}"
-    server = Server(url, knob_value("API_KEY", env), args.request_timeout)
+    settings = tool_settings(env)
+    url = args.url or f"http://127.0.0.1:{settings['PORT']}"
+    server = Server(url, settings["API_KEY"], args.request_timeout)
     model = args.model
-    if not model and env.get("SERVED_MODEL_NAME", "").strip():
-        model = knob_value("SERVED_MODEL_NAME", env)
+    if not model and settings.layer["SERVED_MODEL_NAME"] in ("user", "recipe"):
+        model = settings["SERVED_MODEL_NAME"]
     return server, server.probe(model or None, pool_tokens)
 
 

@@ -2,21 +2,24 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from typing import TYPE_CHECKING
 
-from sparkserve.knobs import KnobError, Launcher
+from sparkserve.knobs import KnobError
+
+if TYPE_CHECKING:
+    from sparkserve.settings import Settings
 
 
-def check_layout(values: Mapping[str, str], launcher: Launcher) -> None:
+def check_layout(settings: Settings) -> None:
     """KnobError when the pair's layout cannot serve this launcher's drafter.
 
     DFlash reads the target's hidden states from several layers, so with pipeline parallelism
     they would have to cross stages; vLLM 0.33's GPU model runner asks the model
     (`verify_supports_aux_hidden_states_over_pp`, v1/worker/gpu/spec_decode/eagle/
     eagle3_utils.py) and Qwen3.5's classes answer no (tests/test_plan_pair.py shows it)."""
-    if values.get("CLUSTER_NODES") != "2" or values.get("CLUSTER_LAYOUT") != "pp":
+    if not settings.pair or settings["CLUSTER_LAYOUT"] != "pp":
         return
-    if launcher == "dflash" and values.get("NUM_SPEC_TOKENS", "0") != "0":
+    if settings.launcher == "dflash" and settings.speculating:
         raise KnobError(
             "CLUSTER_LAYOUT='pp': vLLM does not serve the DFlash drafter across pipeline "
             "stages on Qwen3.5; use CLUSTER_LAYOUT=tp, mtp_serve.sh, or NUM_SPEC_TOKENS=0"

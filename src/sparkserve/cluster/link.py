@@ -9,7 +9,6 @@ was found, so that the launcher stops before loading anything.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 
 import psutil
@@ -49,12 +48,10 @@ def _ports(values: Mapping[str, str]) -> None:
 
 
 def cluster_exports(values: Mapping[str, str]) -> dict[str, str]:
-    """What the launcher needs for the pair: CLUSTER_HOST_IP (this node's address on the link,
-    empty on one node) and CLUSTER_DIST_TIMEOUT_S (vLLM's bound on its own rendezvous and
-    collectives: as long as a node waits for its peer)."""
+    """What the launcher needs for the pair, after checking its knobs here: CLUSTER_HOST_IP
+    (this node's address on the link, empty on one node)."""
     if values["CLUSTER_NODES"] != "2":
-        return {"CLUSTER_HOST_IP": "", "CLUSTER_DIST_TIMEOUT_S": ""}
+        return {"CLUSTER_HOST_IP": ""}
     address = host_ip(values)
     _ports(values)
-    timeout = str(math.ceil(float(values["CLUSTER_JOIN_TIMEOUT_S"])))
-    return {"CLUSTER_HOST_IP": address, "CLUSTER_DIST_TIMEOUT_S": timeout}
+    return {"CLUSTER_HOST_IP": address}

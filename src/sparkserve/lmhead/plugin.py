@@ -47,8 +47,6 @@ logger = logging.getLogger("vllm.sparkserve.lmhead")
 
 KEEP_ENV = "SPARK_KEEP_BF16_LMHEAD"
 CALIBRATE_ENV = "SPARK_LMHEAD_CALIBRATE"
-# rows the head serves when the runner does not say: the launchers' defaults, 3 x (12 + 1)
-DEFAULT_MAX_ROWS = 39
 REPORT_ENV = "SPARKSERVE_LMHEAD_REPORT"
 # Model runners whose load_model we wrap (module, class); absent ones are skipped.
 RUNNERS = (
@@ -143,15 +141,31 @@ def convert_runner(runner: Any) -> HeadReport:
     return report
 
 
+def launcher_rows(env: dict[str, str] | None = None) -> int:
+    """Rows the head serves at most by the launcher's settings (it exports MAX_NUM_SEQS and
+    NUM_SPEC_TOKENS to vLLM's environment); serve.sh's defaults where they do not resolve."""
+    from sparkserve.knobs import KnobError
+    from sparkserve.settings import resolve_settings
+
+    env = dict(os.environ) if env is None else env
+    try:
+        mine = {k: env[k] for k in ("MAX_NUM_SEQS", "NUM_SPEC_TOKENS") if k in env}
+        return resolve_settings(mine).lmhead_rows
+    except KnobError:
+        return resolve_settings({}).lmhead_rows
+
+
 def max_rows(runner: Any) -> int:
     """Rows the head is called with at most in decoding: MAX_NUM_SEQS x (NUM_SPEC_TOKENS + 1),
-    from the runner's vLLM config (the launchers' defaults where it has none)."""
+    from the runner's vLLM config (the launcher's settings where it has none)."""
+    from sparkserve.settings import decode_rows
+
     config = getattr(runner, "vllm_config", None)
     seqs = getattr(getattr(config, "scheduler_config", None), "max_num_seqs", None)
     spec = getattr(getattr(config, "speculative_config", None), "num_speculative_tokens", 0)
     if not isinstance(seqs, int) or seqs < 1:
-        return DEFAULT_MAX_ROWS
-    return seqs * ((spec if isinstance(spec, int) and spec > 0 else 0) + 1)
+        return launcher_rows()
+    return decode_rows(seqs, spec if isinstance(spec, int) else 0)
 
 
 def calibration_mode() -> tuple[str, str]:
@@ -171,10 +185,11 @@ def convert_model(
     model: torch.nn.Module,
     drafter: torch.nn.Module | None = None,
     *,
-    max_rows: int = DEFAULT_MAX_ROWS,
+    max_rows: int | None = None,
 ) -> HeadReport:
     """Quantise `model.lm_head` in place when it is safe and, on this GPU, faster than bf16;
-    otherwise say why not. `max_rows`: the most rows one call of the head gets."""
+    otherwise say why not. `max_rows`: the most rows one call of the head gets (default: by
+    the launcher's settings)."""
     if os.environ.get(KEEP_ENV, "0") == "1":
         return HeadReport(path="bf16", reason=f"{KEEP_ENV}=1")
     head = getattr(model, "lm_head", None)
@@ -202,7 +217,8 @@ def convert_model(
         return HeadReport(path="bf16", reason=f"head_dtype {head_dtype} differs from the weight")
 
     report = HeadReport(path="int8", shape=list(weight.shape), dtype=str(weight.dtype))
-    choice, packed, scale = _choice_and_weight(head, weight, max_rows)
+    rows = launcher_rows() if max_rows is None else max_rows
+    choice, packed, scale = _choice_and_weight(head, weight, rows)
     report.calibration = choice.summary()
     report.choice = {"path": choice.path, "layout": choice.layout, "source": choice.source,
                      "table": [[b, describe(c)] for b, c in choice.table]}  # fmt: skip

@@ -177,3 +177,24 @@ def weights(directory: Path) -> Weights | None:
         where = "files not downloaded yet" if not files else f"{have} of {len(index[1])} files here"
         return Weights(index[0], f"model.safetensors.index.json ({where})")
     return None
+
+
+# Layer kinds of attention layers: a model whose layers are all of these keeps no recurrent
+# (Mamba-style) state, so vLLM's Mamba cache settings do not apply to it.
+ATTENTION_KINDS = frozenset(
+    {"full_attention", "sliding_attention", "chunked_attention", "attention"}
+)
+
+
+def is_hybrid(config: dict[str, Any]) -> bool:
+    """Whether the model mixes attention with recurrent-state layers (GatedDeltaNet's
+    linear attention, Mamba): from `layer_types` / `full_attention_interval` (Qwen3.5,
+    Qwen3-Next), `layers_block_type` (Jamba) or `hybrid_override_pattern` (Nemotron-H, "M" for
+    a Mamba layer)."""
+    text = text_config(config)
+    if "layer_types" in text or "full_attention_interval" in text:
+        return any(kind not in ATTENTION_KINDS for kind in layer_kinds(text))
+    blocks = text.get("layers_block_type")
+    if isinstance(blocks, list):
+        return any(str(kind) not in ATTENTION_KINDS for kind in blocks)
+    return "M" in str(text.get("hybrid_override_pattern", ""))

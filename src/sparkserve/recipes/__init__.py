@@ -3,11 +3,9 @@
 A recipe is `recipes/NAME.toml` plus the model's config.json (geometry only, no weights) in
 `recipes/NAME/config.json` and, for a DFlash drafter, `recipes/NAME/drafter/config.json`; the
 checks (vLLM's parser and engine config, `sparkserve plan`) run on those files offline. The
-RECIPE knob picks one; its values replace the registry's defaults, and a knob set to anything
-but its registry default still wins (compose passes every knob filled with that default, so a
-default value cannot be told from an unset one). A recipe the user picked is refused before
-start when its weights leave no KV memory in GPU_MEM of this machine (unless MODEL is
-overridden, or for a dry run).
+RECIPE knob picks one; sparkserve.settings puts its values above the defaults and below what
+the user set. A recipe the user picked is refused before start when its weights leave no KV
+memory in GPU_MEM of this machine (unless the user set MODEL, or for a dry run).
 
 Rules a recipe file must follow (any break is one line naming the file and the problem):
 - `title`, `launchers` (the launchers it serves with, the recommended first), `weights_gib`
@@ -27,8 +25,8 @@ from pathlib import Path
 from typing import Any
 
 from sparkserve.knobs import BY_NAME, LAUNCHERS, KnobError, Launcher
+from sparkserve.memory.budget import DEFAULT_OVERHEAD_GIB, fit_problem
 from sparkserve.memory.host import GIB
-from sparkserve.plan import DEFAULT_OVERHEAD_GIB
 
 CHECKOUT_DIR = Path(__file__).resolve().parents[3] / "recipes"
 IMAGE_DIR = Path("/opt/sparkserve/recipes")  # the Dockerfile copies recipes/ here
@@ -43,8 +41,6 @@ RECIPE_KNOBS: frozenset[str] = frozenset(
     and not name.startswith("GUARD")
 )
 REQUIRED = ("title", "launchers", "weights_gib", "sources", "knobs")
-# Memory vLLM charges besides weights and KV: `sparkserve plan`'s assumption.
-OVERHEAD_GIB = DEFAULT_OVERHEAD_GIB
 
 
 class RecipeError(KnobError):
@@ -71,6 +67,17 @@ class Recipe:
     @property
     def drafter_geometry(self) -> Path:
         return self.geometry / "drafter"
+
+    def weights_bytes(self, launcher: Launcher) -> int:
+        """The checkpoints the launcher loads: the target, and the drafter with DFlash."""
+        gib = self.weights_gib + (self.drafter_weights_gib if launcher == "dflash" else 0)
+        return int(gib * GIB)
+
+    def check_fits(self, launcher: Launcher, share: int) -> None:
+        """RecipeError when its weights leave no KV memory in vLLM's share (bytes)."""
+        problem = fit_problem(share, self.weights_bytes(launcher), int(DEFAULT_OVERHEAD_GIB * GIB))
+        if problem is not None:
+            raise RecipeError(f"RECIPE={self.name}: {problem} (GPU_MEM of this machine)")
 
     def knobs_for(self, launcher: Launcher) -> dict[str, str]:
         """The recipe's knob values for one launcher (shared values, then its own)."""
@@ -193,55 +200,9 @@ def load_all(env: Mapping[str, str] | None = None) -> list[Recipe]:
     return [parse(directory / f"{name}.toml") for name in names(directory)]
 
 
-def overridden(env: Mapping[str, str], name: str, launcher: Launcher) -> bool:
-    """True when the user set `name` to something other than its registry default."""
-    knob = BY_NAME[name]
-    given = env.get(name)
-    if given is None or (given.strip() == "" and not knob.empty_ok):
-        return False
-    return given.strip() != knob.default_for(launcher)
-
-
-def check_fits(recipe: Recipe, gpu_mem: float, launcher: Launcher, total_bytes: int) -> None:
-    """Refuse a recipe whose weights leave no KV memory in GPU_MEM of this machine."""
-    weights = recipe.weights_gib + (recipe.drafter_weights_gib if launcher == "dflash" else 0)
-    share = gpu_mem * total_bytes / GIB
-    if weights + OVERHEAD_GIB >= share:
-        raise RecipeError(
-            f"RECIPE={recipe.name}: its weights ({weights:.1f} GiB) and {OVERHEAD_GIB:.1f} GiB "
-            f"of overhead do not fit in GPU_MEM={gpu_mem:g} of this machine's "
-            f"{total_bytes / GIB:.1f} GiB ({share:.1f} GiB); no room for a KV cache"
-        )
-
-
-def apply(env: Mapping[str, str], launcher: Launcher, total_bytes: int) -> dict[str, str]:
-    """`env` with the chosen recipe's values for every knob the user did not override."""
-    knob = BY_NAME["RECIPE"]
-    raw = env.get("RECIPE", "")
-    name = knob.check(raw if raw.strip() else knob.default)
-    if not overridden(env, "RECIPE", launcher):
-        # The default recipe's values are the registry's defaults (tests/test_recipes.py holds
-        # them equal): nothing to apply, and the image's own defaults (the cpu image's) stand.
-        return dict(env)
-    recipe = load(name, env)
-    if launcher not in recipe.launchers:
-        scripts = " or ".join(LAUNCHER_SCRIPTS[item] for item in recipe.launchers)
-        raise RecipeError(
-            f"RECIPE={name}: serves with {scripts}, not {LAUNCHER_SCRIPTS[launcher]} "
-            f"({launcher}); start {scripts} (compose: the profile of that launcher)"
-        )
-    out = dict(env)
-    for key, value in recipe.knobs_for(launcher).items():
-        if not overridden(env, key, launcher):
-            out[key] = value
-    # Checked for a recipe the user picked (the default starts as it always did), with its own
-    # model (the weights figure is that model's), when it really starts (a dry run shows the
-    # command on any machine).
-    if (
-        overridden(env, "RECIPE", launcher)
-        and not overridden(env, "MODEL", launcher)
-        and env.get("DRY_RUN", "").strip() != "1"
-    ):
-        gpu_mem = BY_NAME["GPU_MEM"].check(out.get("GPU_MEM") or BY_NAME["GPU_MEM"].default)
-        check_fits(recipe, float(gpu_mem), launcher, total_bytes)
-    return out
+def geometry_of(model: str, env: Mapping[str, str] | None = None) -> Path | None:
+    """The folder holding a shipped recipe's copy of MODEL's config.json, or None."""
+    for recipe in load_all(env):
+        if recipe.shared.get("MODEL") == model:
+            return recipe.geometry
+    return None

@@ -20,12 +20,12 @@ from pathlib import Path
 from sparkserve import recipes
 from sparkserve.command_line import UsageError, one_line_errors
 from sparkserve.knobs import LAUNCHERS, KnobError, Launcher
-from sparkserve.launcher_exports import exports
 from sparkserve.memory.checkpoint import CheckpointError
-from sparkserve.memory.host import GIB
 from sparkserve.plan import SPARK_MEM_TOTAL_GIB
 from sparkserve.recipes import readme
 from sparkserve.recipes.summary import Summary, summarise
+from sparkserve.settings import resolve_settings
+from sparkserve.shell import shell_quote
 
 PROG = "sparkserve recipes"
 EXIT_OK, EXIT_DOES_NOT_FIT, EXIT_BAD, EXIT_NO_VLLM = 0, 1, 2, 3
@@ -60,16 +60,16 @@ def add_command(commands: argparse._SubParsersAction) -> None:
 def _show(name: str, launcher: Launcher | None) -> int:
     recipe = recipes.load(name)
     chosen: Launcher = launcher or recipe.launchers[0]
-    env = {key: value for key, value in os.environ.items() if key != "RECIPE"}
-    env["RECIPE"] = name
-    # The launcher's own resolution, on a Spark's memory (the recipes are made for one).
-    lines = exports(env, chosen, int(SPARK_MEM_TOTAL_GIB * GIB))
+    # The launcher's own resolution of this environment with RECIPE=name.
+    settings = resolve_settings(os.environ, chosen, given={"RECIPE": name})
     print(f"# {recipe.title} ({recipe.path}); launcher {recipes.LAUNCHER_SCRIPTS[chosen]}")
     for source in recipe.sources:
         print(f"# source: {source}")
     if recipe.notes:
         print(f"# note: {recipe.notes}")
-    print("\n".join(lines))
+    for knob, value in settings.text.items():
+        if knob not in ("API_KEY", "HF_TOKEN"):
+            print(f"export {knob}={shell_quote(value)}  # {settings.layer[knob]}")
     return EXIT_OK
 
 

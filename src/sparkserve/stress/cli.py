@@ -26,7 +26,7 @@ from sparkserve.client.server import PreflightError, ServerError
 from sparkserve.client.tool import UsageError, say
 from sparkserve.command_line import EXIT_FAILED, EXIT_OK, NumberOption
 from sparkserve.guard import MARKER_NAME, marker_path
-from sparkserve.knobs import knob_value
+from sparkserve.settings import tool_settings
 from sparkserve.stress import pair_memory
 from sparkserve.stress.bank import default_bank, parse_bank, size_phases
 from sparkserve.stress.run import StressRun, kv_probe
@@ -88,7 +88,7 @@ def _run(args: argparse.Namespace, env: Mapping[str, str]) -> int:
     # Everything is checked before any load.
     reserve = args.os_reserve_gb
     if reserve is None:
-        reserve = float(knob_value("OS_RESERVE_GB", env))
+        reserve = tool_settings(env).number("OS_RESERVE_GB")
     seqs = tool.max_num_seqs(args, env)
     bank = parse_bank(args.bank) if args.bank is not None else default_bank(seqs)
     pool = args.pool_tokens

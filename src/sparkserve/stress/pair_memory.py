@@ -15,7 +15,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from sparkserve.cluster import wire
-from sparkserve.knobs import knob_value
+from sparkserve.settings import tool_settings
 from sparkserve.stress.verdict import Verdict
 
 HOSTS = {"0": "head", "1": "worker"}
@@ -161,12 +161,13 @@ class PairWatch:
 def watch_for(env: Mapping[str, str], clock: Callable[[], float]) -> tuple[PairWatch | None, str]:
     """The head's watch to poll when the knobs say this is a pair, once it answered one
     probe; else None and, for a pair, the one line saying why not."""
-    if knob_value("CLUSTER_NODES", env) != "2":
+    settings = tool_settings(env)
+    if not settings.pair:
         return None, ""
-    host = knob_value("CLUSTER_HEAD_ADDR", env)
+    host = settings["CLUSTER_HEAD_ADDR"]
     if not host:
         return None, "CLUSTER_NODES=2 but CLUSTER_HEAD_ADDR is empty: judging this host alone"
-    watch = PairWatch(host, int(knob_value("CLUSTER_WATCH_PORT", env)), clock)
+    watch = PairWatch(host, settings.integer("CLUSTER_WATCH_PORT"), clock)
     try:
         readings_of(wire.request(host, watch.port, {"kind": "probe"}, TIMEOUT_S))
     except OSError as error:

@@ -1,0 +1,157 @@
+"""vLLM's whole command line and environment, decided in one place from the resolved settings.
+
+The launchers exec exactly what `vllm_command` returns (through `sparkserve knobs command`);
+`DRY_RUN=1` prints it. Besides the settings it needs three facts about this machine: the
+installed vLLM's release (for the workarounds), whether the target is hybrid (from its
+config.json: the Mamba flags apply to hybrid targets only) and, on a pair, this node's address
+on the link.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import shlex
+from dataclasses import dataclass
+
+from sparkserve.settings import Settings
+from sparkserve.shell import shell_quote
+from sparkserve.workarounds import WORKAROUNDS
+
+SECRET_ENV = ("VLLM_API_KEY", "HF_TOKEN")
+
+
+@dataclass(frozen=True)
+class VllmCommand:
+    argv: tuple[str, ...]  # after `vllm serve`
+    env: dict[str, str]  # exported for vLLM (secrets included)
+    notes: tuple[str, ...]  # the workarounds' reasons, for the launcher to print
+
+    def shown_env(self) -> list[str]:
+        """The environment as a dry run prints it, NAME='value' (shell-quoted), secrets
+        hidden."""
+        return [
+            f"{k}=<hidden>" if k in SECRET_ENV else f"{k}={shell_quote(v)}"
+            for k, v in self.env.items()
+        ]
+
+
+def speculative_config(settings: Settings, extra: dict[str, object]) -> str:
+    """The --speculative-config JSON of the launcher's drafter, with the workarounds' fields."""
+    config: dict[str, object]
+    if settings.launcher == "dflash":
+        config = {"method": "dflash", "model": settings["DRAFT_MODEL"]}
+    else:
+        config = {"method": "mtp"}
+    config["num_speculative_tokens"] = settings.integer("NUM_SPEC_TOKENS")
+    if settings.launcher == "dflash" and settings["DRAFT_ATTENTION_BACKEND"]:
+        config["attention_backend"] = settings["DRAFT_ATTENTION_BACKEND"]
+    config |= extra
+    return json.dumps(config, separators=(",", ":"))
+
+
+def cluster_args(settings: Settings, join_timeout_s: int) -> list[str]:
+    """vLLM's native multi-node launch (multiprocessing executor: vLLM's CPU build refuses Ray,
+    docs/CLUSTER.md). Both nodes get the same command but for --node-rank; the worker runs
+    headless. vLLM's own rendezvous and collectives give up after the join timeout instead of
+    torch's 30 min. The options, in vLLM's parser: --nnodes/--node-rank/--master-addr/
+    --master-port and --distributed-timeout-seconds in engine/arg_utils.py (0.32: lines
+    1143-1148; 0.33: 1175-1180), --headless in entrypoints/launchers/cli_args.py:435 (0.32) and
+    entrypoints/common/cli_args.py:445 (0.33)."""
+    if not settings.pair:
+        return []
+    args = [
+        "--nnodes", "2", "--node-rank", settings["CLUSTER_RANK"],
+        "--master-addr", settings["CLUSTER_HEAD_ADDR"], "--master-port", settings["CLUSTER_PORT"],
+        "--distributed-executor-backend", "mp",
+        "--distributed-timeout-seconds", str(join_timeout_s),
+    ]  # fmt: skip
+    if settings["CLUSTER_LAYOUT"] == "pp":
+        args += ["--pipeline-parallel-size", "2"]
+    else:
+        args += ["--tensor-parallel-size", "2"]
+    if settings.integer("CLUSTER_RANK") == 1:
+        args.append("--headless")
+    return args
+
+
+def join_timeout_s(settings: Settings) -> int:
+    return math.ceil(settings.number("CLUSTER_JOIN_TIMEOUT_S") or 0)
+
+
+def vllm_env(settings: Settings, host_ip: str) -> dict[str, str]:
+    env = {
+        "HF_HOME": settings["HF_HOME"],
+        # compile artefacts on the model-cache volume: a restart can reuse them
+        "VLLM_CACHE_ROOT": f"{settings['HF_HOME']}/vllm",
+        "VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS": settings[
+            "VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS"
+        ],
+        "SPARK_KEEP_BF16_LMHEAD": settings["SPARK_KEEP_BF16_LMHEAD"],
+        "SPARK_LMHEAD_CALIBRATE": settings["SPARK_LMHEAD_CALIBRATE"],
+        # the fetch step has put every checkpoint into the cache: vLLM never downloads
+        "HF_HUB_OFFLINE": "1",
+    }
+    if settings["API_KEY"]:
+        # through the environment, so that the key never shows in `ps` or in logs
+        env["VLLM_API_KEY"] = settings["API_KEY"]
+    if settings["HF_TOKEN"]:
+        env["HF_TOKEN"] = settings["HF_TOKEN"]
+    if settings.pair:
+        # The address this node announces to the other (vLLM envs.py, VLLM_HOST_IP; otherwise
+        # vLLM guesses from the default route, which is not the ConnectX-7 link).
+        env["VLLM_HOST_IP"] = host_ip
+        # The interface torch.distributed's Gloo backend binds to (PyTorch docs,
+        # torch.distributed: "Choosing the network interface to use").
+        env["GLOO_SOCKET_IFNAME"] = settings["CLUSTER_IFACE"]
+        # The interface NCCL's bootstrap and socket transport use (NCCL docs: NCCL_SOCKET_IFNAME).
+        env["NCCL_SOCKET_IFNAME"] = settings["CLUSTER_IFACE"]
+        if settings["CLUSTER_IB_HCA"]:
+            # The RoCE devices NCCL's RDMA transport uses (NCCL docs: NCCL_IB_HCA); on a Spark
+            # both halves of the cabled port give the full 200 Gb/s (docs/CLUSTER.md).
+            env["NCCL_IB_HCA"] = settings["CLUSTER_IB_HCA"]
+    return env
+
+
+def vllm_command(
+    settings: Settings, vllm_version: str, hybrid: bool, host_ip: str = ""
+) -> VllmCommand:
+    """`vllm serve`'s arguments and environment. EXTRA_ARGS come last, so they can override
+    anything before them."""
+    argv = [
+        "--model", settings["MODEL"],
+        "--served-model-name", settings["SERVED_MODEL_NAME"],
+        "--host", settings["HOST"],
+        "--port", settings["PORT"],
+        "--gpu-memory-utilization", settings["GPU_MEM"],
+        "--max-model-len", settings["MAX_MODEL_LEN"],
+        "--max-num-seqs", settings["MAX_NUM_SEQS"],
+        "--max-num-batched-tokens", settings["MAX_BATCHED_TOKENS"],
+        "--load-format", settings["LOAD_FORMAT"],
+    ]  # fmt: skip
+    if settings.kv_cache_bytes is not None:
+        argv += ["--kv-cache-memory-bytes", str(settings.kv_cache_bytes)]
+    prefix_cache = settings.flag("PREFIX_CACHE")
+    argv.append("--enable-prefix-caching" if prefix_cache else "--no-enable-prefix-caching")
+    if settings["TOOL_PARSER"]:
+        argv += ["--enable-auto-tool-choice", "--tool-call-parser", settings["TOOL_PARSER"]]
+    if settings["REASONING_PARSER"]:
+        argv += ["--reasoning-parser", settings["REASONING_PARSER"]]
+    notes: list[str] = []
+    speculative_fields: dict[str, object] = {}
+    for workaround in WORKAROUNDS:
+        if workaround.applies(
+            vllm_version,
+            settings.launcher,
+            prefix_cache=prefix_cache,
+            speculating=settings.speculating,
+            hybrid=hybrid,
+        ):
+            notes.append(workaround.reason)
+            argv += workaround.vllm_args
+            speculative_fields |= workaround.speculative_fields
+    argv += cluster_args(settings, join_timeout_s(settings))
+    if settings.speculating:
+        argv += ["--speculative-config", speculative_config(settings, speculative_fields)]
+    argv += shlex.split(settings["EXTRA_ARGS"])
+    return VllmCommand(tuple(argv), vllm_env(settings, host_ip), tuple(notes))
