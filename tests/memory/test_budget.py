@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 
 from sparkserve.knobs import KnobError
-from sparkserve.launcher_exports import exports
+from sparkserve.launcher_exports import resolve_exports
+from sparkserve.settings import resolve_settings
 from sparkserve.memory.budget import budget_problem, largest_gpu_mem, leaves_reserve
 from sparkserve.memory.host import GIB
 
@@ -46,11 +47,11 @@ def test_the_launcher_refuses_exactly_above_the_largest(total_gib: float, reserv
     largest = largest_gpu_mem(reserve, total)
     env = {"OS_RESERVE_GB": str(reserve) if reserve >= 4 else "4"}
     if largest >= 0.1:
-        exports({**env, "GPU_MEM": f"{largest:.2f}"}, "dflash", total)  # no error
+        resolve_exports({**env, "GPU_MEM": f"{largest:.2f}"}, "dflash", total)  # no error
     above = round(largest + 0.01, 2)
     if 0.1 <= above <= 0.95:
         with pytest.raises(KnobError, match=f"keeps it is {largest:.2f}"):
-            exports({**env, "GPU_MEM": f"{above:.2f}"}, "dflash", total)
+            resolve_exports({**env, "GPU_MEM": f"{above:.2f}"}, "dflash", total)
 
 
 def test_doctor_uses_the_same_rule(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -61,6 +62,7 @@ def test_doctor_uses_the_same_rule(monkeypatch: pytest.MonkeyPatch) -> None:
     fake = MemInfo(total=total, available=total, used=0, swap_total=0, swap_used=0)
     monkeypatch.setattr(doctor, "read_meminfo", lambda: fake)
     for gpu_mem, status in (("0.82", "ok"), ("0.83", "blocker")):
-        rows = doctor.check_memory({"GPU_MEM": gpu_mem, "OS_RESERVE_GB": "18"}, spark=True)
+        settings = resolve_settings({"GPU_MEM": gpu_mem, "OS_RESERVE_GB": "18"})
+        rows = doctor.check_memory(settings, spark=True)
         budget = next(row for row in rows if row.name == "memory budget")
         assert budget.status == status, budget
