@@ -25,7 +25,7 @@ REPO = Path(__file__).resolve().parents[2]
 COMMAND_MODULES: tuple[str, ...] = (
     "sparkserve.stress.cli",
     "sparkserve.bench.cli",
-    "sparkserve.plan",
+    "sparkserve.plan_cli",
     "sparkserve.guard",
     "sparkserve.doctor",
     "sparkserve.fetch",
