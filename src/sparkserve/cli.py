@@ -29,7 +29,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "sparkserve.guard",
     "sparkserve.doctor",
     "sparkserve.fetch",
-    "sparkserve.recipes.cli",
+    "sparkserve.recipes_cli",
     "sparkserve.dashboard",
     "sparkserve.cluster.cli",
 )
