@@ -54,13 +54,29 @@ def test_generated_knob_tables_match_the_registry() -> None:
 def test_docs_figures_match_their_json(tmp_path: Path) -> None:
     assert data_tables.sync(REPO, check=True) == [], "run: python -m sparkserve docs sync"
     # a changed figure in the JSON shows up as drift
-    for name in ("docs/FINDINGS.md", "docs/LMHEAD.md", data_tables.TRITON38, data_tables.TRITON36):
-        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
-        shutil.copy(REPO / name, tmp_path / name)
+    copy_docs(tmp_path)
     data = json.loads((tmp_path / data_tables.TRITON38).read_text())
     data["shapes"][0]["rows"][0]["speedup"] = 9.99
     (tmp_path / data_tables.TRITON38).write_text(json.dumps(data))
     assert data_tables.sync(tmp_path, check=True) == ["docs/FINDINGS.md", "docs/LMHEAD.md"]
+
+
+def copy_docs(tmp_path: Path) -> None:
+    """The generated docs and every JSON they are made from, copied under tmp_path."""
+    for name in ("docs/FINDINGS.md", "docs/LMHEAD.md", data_tables.TRITON38, data_tables.TRITON36,
+                 data_tables.CI_RUNS):  # fmt: skip
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(REPO / name, tmp_path / name)
+
+
+def test_findings_ci_runs_table_follows_its_json(tmp_path: Path) -> None:
+    copy_docs(tmp_path)
+    data = json.loads((tmp_path / data_tables.CI_RUNS).read_text())
+    data["runs"][-1]["wall"] = "99 min 0 s"
+    (tmp_path / data_tables.CI_RUNS).write_text(json.dumps(data))
+    assert data_tables.sync(tmp_path, check=True) == ["docs/FINDINGS.md"]
+    data_tables.sync(tmp_path, check=False)
+    assert "| 99 min 0 s |" in (tmp_path / "docs/FINDINGS.md").read_text()
 
 
 CONTAINER_KNOBS = [knob for knob in KNOBS if knob.scope == "container"]

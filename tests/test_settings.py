@@ -27,7 +27,9 @@ def test_each_layer_wins_over_the_one_below_it() -> None:
     cpu = resolve_settings(CPU, "dflash")
     assert cpu["NUM_SPEC_TOKENS"] == "0" and cpu.layer["NUM_SPEC_TOKENS"] == "image"
     mtp_on_cpu = resolve_settings(CPU, "mtp")
-    assert mtp_on_cpu["NUM_SPEC_TOKENS"] == "2" and mtp_on_cpu.layer["NUM_SPEC_TOKENS"] == "launcher"
+    assert (
+        mtp_on_cpu["NUM_SPEC_TOKENS"] == "2" and mtp_on_cpu.layer["NUM_SPEC_TOKENS"] == "launcher"
+    )
     # qwen3.6-35b-a3b: an mtp recipe that sets NUM_SPEC_TOKENS to 2 and its own model
     recipe = resolve_settings({**CPU, "RECIPE": "qwen3.6-35b-a3b"}, "mtp")
     assert recipe["MODEL"] == "Qwen/Qwen3.6-35B-A3B" and recipe.layer["MODEL"] == "recipe"
@@ -53,7 +55,9 @@ def test_empty_is_set_only_where_the_knob_allows_empty() -> None:
     assert resolve_settings({"PORT": ""}).layer["PORT"] == "registry"
     assert resolve_settings({"TOOL_PARSER": ""})["TOOL_PARSER"] == ""
     assert resolve_settings({"TOOL_PARSER": ""}).layer["TOOL_PARSER"] == "user"
-    assert resolve_settings({"TOOL_PARSER": "hermes"}, given={"TOOL_PARSER": ""})["TOOL_PARSER"] == ""
+    assert (
+        resolve_settings({"TOOL_PARSER": "hermes"}, given={"TOOL_PARSER": ""})["TOOL_PARSER"] == ""
+    )
     assert resolve_settings({"PORT": "9000"}, given={"PORT": ""})["PORT"] == "9000"
     assert resolve_settings({})["TOOL_PARSER"] == "qwen3_xml"
 

@@ -25,11 +25,11 @@ REPO = Path(__file__).resolve().parents[2]
 COMMAND_MODULES: tuple[str, ...] = (
     "sparkserve.stress.cli",
     "sparkserve.bench.cli",
-    "sparkserve.plan",
+    "sparkserve.plan_cli",
     "sparkserve.guard",
     "sparkserve.doctor",
     "sparkserve.fetch",
-    "sparkserve.recipes.cli",
+    "sparkserve.recipes_cli",
     "sparkserve.dashboard",
     "sparkserve.cluster.cli",
 )

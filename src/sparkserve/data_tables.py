@@ -1,4 +1,4 @@
-"""The figures docs/ quotes from the benchmark JSON in docs/data, written from that JSON.
+"""The figures docs/ quotes from the JSON in docs/data (benchmarks, test runs), written from it.
 
 `sparkserve docs sync` rewrites each generated region (between `>>> TAG:` and `<<< TAG`
 markers) of docs/FINDINGS.md and docs/LMHEAD.md; `--check` (run by the tests) fails when a
@@ -19,6 +19,7 @@ from sparkserve.knob_docs import sync_regions
 REPO = Path(__file__).resolve().parents[2]
 TRITON38 = "docs/data/lmhead_bench_h200.json"  # the image's Triton
 TRITON36 = "docs/data/lmhead_bench_h200_triton36.json"  # the H200 device's own
+CI_RUNS = "docs/data/ci_runs.json"  # the suite's runs on the CPU machines
 MAIN_SHAPE = (248320, 3072)  # Qwen3.5-122B-A10B's head
 
 
@@ -162,6 +163,33 @@ def lmhead_summary(repo: Path) -> list[str]:
     return [line for bullet in bullets for line in _wrap(bullet, bullet=True)]
 
 
+def _cell(text: str) -> str:
+    return text.replace("|", "\\|") if text else "-"
+
+
+def ci_runs_table(repo: Path) -> list[str]:
+    """One row per run, the commands and machines it names listed under it."""
+    data = _load(repo, CI_RUNS)
+    columns = ("date", "UTC", "machine", "command", "commit", "caches", "load", "wall")
+    lines = [
+        "| " + " | ".join((*columns, "user / sys", "pytest")) + " |",
+        "|" + " --- |" * (len(columns) + 2),
+    ]
+    for run in data["runs"]:
+        command = run["command"] + (f" ({run['variant']})" if run["variant"] else "")
+        cells = (
+            run["date"], run["utc"], run["machine"], command, run["commit"], run["caches"],
+            run["load"], run["wall"], run["cpu_time"],
+            f"`{run['pytest']}`" if " in " in run["pytest"] else run["pytest"],
+        )  # fmt: skip
+        lines.append("| " + " | ".join(_cell(cell) for cell in cells) + " |")
+    lines += ["", "Commands:", ""]
+    lines += [f"- {name}: {text}" for name, text in data["commands"].items()]
+    lines += ["", "Machines:", ""]
+    lines += [f"- {name}: {text}" for name, text in data["machines"].items()]
+    return lines
+
+
 def _in(repo: Path, render: Callable[[Path], list[str]]) -> Callable[[str], list[str]]:
     return lambda indent: [indent + line if line else line for line in render(repo)]
 
@@ -177,6 +205,7 @@ def targets(repo: Path) -> list[tuple[str, str, Callable[[str], list[str]]]]:
         ),
         ("docs/FINDINGS.md", "lmhead-h200-summary", _in(repo, findings_summary)),
         ("docs/LMHEAD.md", "lmhead-summary", _in(repo, lmhead_summary)),
+        ("docs/FINDINGS.md", "ci-runs", _in(repo, ci_runs_table)),
     ]
 
 

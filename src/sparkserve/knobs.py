@@ -221,8 +221,8 @@ KNOBS: tuple[Knob, ...] = (
              "GatedDeltaNet models (vLLM issue #50780) and shrinks the KV pool."),
     Knob("SPARK_KEEP_BF16_LMHEAD", "bool", "0", group="memory",
          why="1 turns the int8 lm-head off: vLLM's bf16 head serves, costing about 0.7 GiB "
-             "of KV pool and twice the head's memory traffic (in the design note, 1 kept a "
-             "bf16 copy next to the int8 one)."),
+             "of KV pool and twice the head's memory traffic; one copy of the head is held, "
+             "never both."),
     Knob("SPARK_LMHEAD_CALIBRATE", "choice", "auto", group="memory",
          choices=("auto", "force", "off"),
          why="How the int8 lm-head picks its kernels: auto measures them (and bf16) on this "

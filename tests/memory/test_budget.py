@@ -7,9 +7,9 @@ import pytest
 
 from sparkserve.knobs import KnobError
 from sparkserve.launcher_exports import resolve_exports
-from sparkserve.settings import resolve_settings
 from sparkserve.memory.budget import budget_problem, largest_gpu_mem, leaves_reserve
 from sparkserve.memory.host import GIB
+from sparkserve.settings import resolve_settings
 
 # (total GiB, OS_RESERVE_GB): a Spark, a round machine where the boundary is a hundredth
 # exactly, this 24 GiB test machine, and a reserve no GPU_MEM in range keeps.

@@ -10,7 +10,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import re
 import signal
 import socket
 import subprocess
@@ -22,10 +21,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
-LOOPBACK = "127.0.0.1"
+from sparkserve.client.metrics import MetricKey, Snapshot
+from sparkserve.client.metrics import parse as parse_metrics
 
-MetricKey = tuple[str, tuple[tuple[str, str], ...]]
-"""A sample's name and its sorted (label, value) pairs."""
+LOOPBACK = "127.0.0.1"
 
 
 class ServerError(RuntimeError):
@@ -52,30 +51,9 @@ def tail(path: Path, lines: int = 60) -> str:
     return "\n".join(text.splitlines()[-lines:])
 
 
-_SAMPLE = re.compile(r"^([A-Za-z_:][\w:]*)(?:\{(.*)\})?\s+(\S+)(?:\s+\S+)?$")
-_LABEL = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
-
-
-def parse_metrics(text: str) -> dict[MetricKey, float]:
-    """Prometheus text format -> {(name, sorted labels): value}."""
-    out: dict[MetricKey, float] = {}
-    for line in text.splitlines():
-        if not line or line.startswith("#"):
-            continue
-        m = _SAMPLE.match(line.strip())
-        if not m:
-            continue
-        name, labels, value = m.groups()
-        pairs = tuple(sorted(_LABEL.findall(labels or "")))
-        try:
-            out[(name, pairs)] = float(value)
-        except ValueError:
-            continue
-    return out
-
-
 def metric_sum(metrics: Mapping[MetricKey, float], name: str, **labels: str) -> float:
-    """Sum of the samples called ``name`` whose labels include ``labels``."""
+    """Sum of the samples called ``name`` whose labels include ``labels`` (a snapshot of
+    sparkserve.client.metrics.parse, which ``parse_metrics`` names here for the tests)."""
     total = 0.0
     for (n, pairs), value in metrics.items():
         if n == name and all((k, v) in pairs for k, v in labels.items()):
@@ -158,7 +136,7 @@ class VllmServer:
             raise self._fail(f"{path}: HTTP {e.code}: {detail}") from e
         return json.loads(raw) if "json" in ctype else raw
 
-    def metrics(self) -> dict[MetricKey, float]:
+    def metrics(self) -> Snapshot:
         return parse_metrics(self.request("/metrics"))
 
     def stop(self, timeout_s: float = 30.0) -> float:

@@ -20,7 +20,7 @@ sum lowest) only if int8 is no slower than bf16 in every reached group; otherwis
 stays. Timing (``event_timer``): one call between two CUDA events, after a write over twice the L2
 cache and queued behind a GPU sleep (so Python's launch cost is not counted), in ``ROUNDS``
 interleaved rounds; the median counts. Most of a first calibration's time is Triton compiling
-the candidates (measured on an H200: benchmarks/NOTES-lmhead.md, session 8).
+the candidates (its measurements on an H200: benchmarks/NOTES-lmhead.md, calibration at load).
 """
 
 from __future__ import annotations

@@ -146,8 +146,8 @@ GLUON_FALLBACK: Table = (
 # --- Hopper (sm_90) only: a GB10 never stores the wgmma layout ---------------------------------
 # The same for a weight in the ``wgmma`` layout: the wgmma kernel up to 64 rows (two
 # 64-column chunks per step and two ring slots up to 16 rows, three slots above; programs start
-# at staggered K offsets up to 32 rows); Triton's 64-row blocks beyond. Chosen on an H200 with
-# benchmarks/lmhead_bench.py --sweep-wgmma (benchmarks/NOTES-lmhead.md, session 6).
+# at staggered K offsets up to 32 rows); Triton's 64-row blocks beyond. Chosen on an H200 by
+# benchmarks/lmhead_bench.py --sweep-wgmma; its measurements: benchmarks/NOTES-lmhead.md.
 _WGMMA_33_64 = KernelConfig("wgmma", 0, 128, 64, 4, 3, split_cols=True)
 WGMMA_TABLE: Table = (
     (16, KernelConfig("wgmma", 0, 128, 64, 4, 2, split_cols=True, chunks=2, stagger=True)),

@@ -4,9 +4,8 @@ It computes ``out.T = W @ x.T`` over a weight in the ``wgmma`` layout of ``layou
 warpgroup (4 warps) owns 128 weight rows: each step it reads one [128, 64] int8 tile from
 shared memory with 16-byte loads, converts it to bf16/fp16 in registers and hands it to
 ``wgmma`` as the A operand straight from there; ``x.T`` is the B operand, which the tensor cores
-read from shared memory once per 64 weight rows (with ``mma.sync`` every warp had to read all of
-x for every 16 weight rows, which is what made the earlier kernels slow down with each extra 16
-rows of x).
+read from shared memory once per 64 weight rows (with ``mma.sync`` every warp reads all of x
+for every 16 weight rows, so such a kernel slows down with each extra 16 rows of x).
 
 Because the layout permutes K so that a thread's A-fragment bytes for four k16 steps are
 adjacent, the loaded tile only needs a relabelling (``reshape``/``permute``, checked to move no
@@ -19,13 +18,13 @@ bytes in), through two rings: ``stages`` slots for the weight, which comes from 
 ``x_stages`` for x, which comes from L2 and needs less lead time. Rows of x past M are zero-filled
 by the TMA unit. Every ring slot is its own shared-memory allocation and every slot index is
 static (the loop is unrolled by the two depths' least common multiple), so Triton's barrier
-analysis can tell the slots apart: one CTA barrier per step, where the ``cp.async`` version of
-this kernel needed several and issued 128 threads' copies. M up to 64 runs as one accumulator of
+analysis can tell the slots apart: one CTA barrier per step (copies by ``cp.async`` would need
+several, and 128 threads issuing them). M up to 64 runs as one accumulator of
 8, 16, 32 or 64 columns, or (``split_cols``) 32 + 8 for 33 to 40 rows and 32 + 16 for 41 to 48.
 Per-row scale and bias are applied to the fp32 accumulator at the end.
 
 Needs ``triton.experimental.gluon`` with its Hopper module (Triton >= 3.6); ``HAS_WGMMA`` says
-whether it imported. Measured on an H200: benchmarks/NOTES-lmhead.md, sessions 5 and 6.
+whether it imported. Its measurements on an H200: benchmarks/NOTES-lmhead.md (the wgmma kernel).
 """
 
 # ruff: noqa: ANN001, ANN202
@@ -55,7 +54,7 @@ try:
 
     from .gluon_epilogue import store_split
 
-    _barrier = getattr(gl, "barrier", None) or gl.thread_barrier  # renamed in Triton 3.7
+    _barrier = getattr(gl, "barrier", None) or gl.thread_barrier  # Triton < 3.7: thread_barrier
     HAS_WGMMA = True
 except Exception:  # pragma: no cover - depends on the Triton version
     gluon = None

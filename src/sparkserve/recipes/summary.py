@@ -1,7 +1,7 @@
 """What `sparkserve plan` says about a recipe on a Spark, from the recipe's shipped geometry.
 
 The plan runs exactly as `sparkserve plan` would with the recipe's knobs as options: its own
-parser (`plan.add_command`) reads them, `plan.make_plan` computes the KV cache with vLLM's
+parser (`plan_cli.add_command`) reads them, `plan.make_plan` computes the KV cache with vLLM's
 classes. Nothing is downloaded: the weights are the recipe's `weights_gib`.
 """
 
@@ -11,7 +11,7 @@ import argparse
 from dataclasses import dataclass
 from typing import Any
 
-from sparkserve import plan
+from sparkserve import plan, plan_cli
 from sparkserve.knobs import BY_NAME, Launcher
 from sparkserve.memory.host import GIB
 from sparkserve.recipes import Recipe
@@ -64,7 +64,7 @@ def plan_argv(
 
 def plan_args(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="sparkserve")
-    plan.add_command(parser.add_subparsers(dest="command", required=True))
+    plan_cli.add_command(parser.add_subparsers(dest="command", required=True))
     return parser.parse_args(argv)
 
 

@@ -7,6 +7,9 @@
 
 Exit status: 0 all fit (or shown, or in sync); 1 one does not fit (or the table drifted);
 2 a bad recipe or option (one line); 3 vLLM is not importable (the plan needs it).
+
+A command module, above the recipes package: `show` prints the launcher's own resolution
+(sparkserve.settings), which reads the recipes; the package itself imports neither.
 """
 
 from __future__ import annotations
@@ -29,7 +32,7 @@ from sparkserve.shell import shell_quote
 
 PROG = "sparkserve recipes"
 EXIT_OK, EXIT_DOES_NOT_FIT, EXIT_BAD, EXIT_NO_VLLM = 0, 1, 2, 3
-REPO = Path(__file__).resolve().parents[3]
+REPO = Path(__file__).resolve().parents[2]
 
 
 def add_command(commands: argparse._SubParsersAction) -> None:
