@@ -39,8 +39,8 @@ vllm_command() {
   fi
   eval "${exports}"
   local note
-  for note in "${WORKAROUND_NOTES[@]}"; do
-    printf '%s: vLLM %s: %s\n' "${PROG}" "${VLLM_FOUND_VERSION}" "${note}" >&2
+  for note in "${NOTES[@]}"; do
+    printf '%s: %s\n' "${PROG}" "${note}" >&2
   done
 }
 

@@ -10,7 +10,8 @@ the pair's link; empty on one node) and FETCH_ARGS (the fetch's command).
 `sparkserve knobs command --launcher L --pid PID` (after the fetch, so the target's config.json
 is in the cache): exports vLLM's command and environment (sparkserve.vllm_command) as bash
 arrays VLLM_ARGS, VLLM_ENV (NAME=value, for `export`) and VLLM_ENV_SHOWN (NAME='value' lines
-with secrets hidden, for a dry run), WORKAROUND_NOTES, and the commands of the memory guard
+with secrets hidden, for a dry run), NOTES (lines for the launcher to print: the workarounds'
+reasons, what a dry run's machine would refuse), and the commands of the memory guard
 and the pair watch that watch PID (GUARD_ARGS, WATCH_ARGS; empty when they do not run).
 
 On any problem either prints one line naming the knob, the value and what is allowed, and
@@ -47,15 +48,23 @@ def installed_vllm() -> str:
         return "unknown"
 
 
-def checked_settings(env: Mapping[str, str], launcher: Launcher, total_bytes: int) -> Settings:
-    """The settings, with every check that can refuse a start before anything runs."""
+def checked_settings(
+    env: Mapping[str, str], launcher: Launcher, total_bytes: int
+) -> tuple[Settings, list[str]]:
+    """The settings, with every check that can refuse a start before anything runs. A dry run
+    shows the command on any machine: what this machine's memory would refuse comes back as
+    notes instead."""
     settings = resolve_settings(env, launcher)
-    check_budget(settings, total_bytes)
-    if not settings.flag("DRY_RUN"):
-        # a dry run shows the command on any machine
-        check_recipe_fits(settings, total_bytes)
     check_layout(settings)
-    return settings
+    notes: list[str] = []
+    for check in (check_budget, check_recipe_fits):
+        try:
+            check(settings, total_bytes)
+        except KnobError as error:
+            if not settings.flag("DRY_RUN"):
+                raise
+            notes.append(f"this machine would refuse it: {error}")
+    return settings, notes
 
 
 def target_is_hybrid(settings: Settings) -> tuple[bool, str]:
@@ -72,7 +81,7 @@ def target_is_hybrid(settings: Settings) -> tuple[bool, str]:
 
 
 def resolve_exports(env: Mapping[str, str], launcher: Launcher, total_bytes: int) -> list[str]:
-    settings = checked_settings(env, launcher, total_bytes)
+    settings, _ = checked_settings(env, launcher, total_bytes)
     link = cluster_exports(settings.text)  # a pair's link knobs against this machine's
     # Shell variables, not exports: the command step resolves the same environment again, and
     # an exported default would read there as set by the user.
@@ -129,15 +138,17 @@ def watch_args(settings: Settings, pid: int, address: str, state_file: Path) -> 
 def command_exports(
     env: Mapping[str, str], launcher: Launcher, total_bytes: int, pid: int
 ) -> list[str]:
-    settings = checked_settings(env, launcher, total_bytes)
+    settings, notes = checked_settings(env, launcher, total_bytes)
     address = cluster_exports(settings.text)["CLUSTER_HOST_IP"]
     hybrid, note = target_is_hybrid(settings)
-    command = vllm_command(settings, installed_vllm(), hybrid, address)
+    version = installed_vllm()
+    command = vllm_command(settings, version, hybrid, address)
+    notes += [f"vLLM {version}: {reason}" for reason in command.notes]
     return [
         bash_array("VLLM_ARGS", command.argv),
         bash_array("VLLM_ENV", [f"{k}={v}" for k, v in command.env.items()]),
         bash_array("VLLM_ENV_SHOWN", command.shown_env()),
-        bash_array("WORKAROUND_NOTES", [*command.notes, *([note] if note else [])]),
+        bash_array("NOTES", [*notes, *([note] if note else [])]),
         bash_array("GUARD_ARGS", guard_args(settings, pid)),
         bash_array("WATCH_ARGS", watch_args(settings, pid, address, state_path(env))),
     ]
