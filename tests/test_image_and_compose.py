@@ -82,12 +82,17 @@ def test_findings_ci_runs_table_follows_its_json(tmp_path: Path) -> None:
 CONTAINER_KNOBS = [knob for knob in KNOBS if knob.scope == "container"]
 
 
-def test_compose_default_service_carries_every_knob_with_its_default(project: Path) -> None:
+UNSET = {knob.name: None for knob in CONTAINER_KNOBS}
+
+
+def test_compose_default_service_passes_every_knob_only_when_set(project: Path) -> None:
+    """Every knob has its line (its defaults in the comment), and compose passes none the user
+    did not set: each launcher then applies its own default (tests/test_settings_path.py)."""
     config = compose_config(project)
     assert set(config["services"]) == {"sparkserve", "sparkserve-fetch"}, "MTP and cpu: asked for"
     service = config["services"]["sparkserve"]
     assert service["entrypoint"] == ["/opt/sparkserve/serve.sh"]
-    assert service["environment"] == {knob.name: knob.default for knob in CONTAINER_KNOBS}
+    assert service["environment"] == UNSET
     assert "profiles" not in service
     assert service["build"]["target"] == "spark" and service["image"] == "sparkserve:spark"
     # the download runs first, in its own container, so the healthcheck times only the load
@@ -102,13 +107,11 @@ def test_compose_default_service_carries_every_knob_with_its_default(project: Pa
     assert not fetch.get("deploy", {}).get("resources"), "the download needs no GPU"
 
 
-def test_compose_cpu_profile_serves_the_small_model_with_the_cpu_defaults(project: Path) -> None:
+def test_compose_cpu_profile_runs_the_cpu_image_with_the_same_knobs(project: Path) -> None:
     config = compose_config(project, None, "--profile", "cpu")
     service = config["services"]["sparkserve-cpu"]
-    assert service["environment"] == {
-        knob.name: knob.default_for("dflash", "cpu") for knob in CONTAINER_KNOBS
-    }
-    assert service["environment"]["MODEL"] == "Qwen/Qwen3-0.6B"
+    # the cpu image's defaults come from the image (SPARKSERVE_IMAGE=cpu), not from compose
+    assert service["environment"] == UNSET
     assert service["build"]["target"] == "cpu" and service["image"] == "sparkserve:cpu"
     assert "deploy" not in service and "ipc" not in service, "no GPU, no host IPC"
     assert service["shm_size"] == "2147483648" or service["shm_size"] == 2147483648
@@ -171,7 +174,8 @@ def test_compose_mtp_profile_starts_the_mtp_launcher(project: Path) -> None:
     mtp = config["services"]["sparkserve-mtp"]
     assert mtp["entrypoint"] == ["/opt/sparkserve/mtp_serve.sh"]
     assert mtp["profiles"] == ["mtp"]
-    assert mtp["environment"] == config["services"]["sparkserve"]["environment"]
+    # the same block, passing only what the user set: mtp_serve.sh applies its own defaults
+    assert mtp["environment"] == config["services"]["sparkserve"]["environment"] == UNSET
     mtp_fetch = config["services"]["sparkserve-mtp-fetch"]
     assert mtp_fetch["entrypoint"][-2:] == ["--launcher", "mtp"]
 
@@ -188,8 +192,7 @@ def test_compose_pair_profiles_run_one_role_each_on_the_host_network(project: Pa
         name = f"sparkserve-{role}"
         assert set(config["services"]) == {"sparkserve", "sparkserve-fetch", name, f"{name}-fetch"}
         service = config["services"][name]
-        expected = {knob.name: knob.default for knob in CONTAINER_KNOBS}
-        expected |= {**link, "CLUSTER_NODES": "2", "CLUSTER_RANK": rank}
+        expected = {**UNSET, **link, "CLUSTER_NODES": "2", "CLUSTER_RANK": rank}
         if role == "head":
             expected["HOST"] = "127.0.0.1"  # the host's network: the API stays on loopback
         assert service["environment"] == expected, role

@@ -152,8 +152,7 @@ KNOBS: tuple[Knob, ...] = (
     # The model
     Knob("RECIPE", "text", "qwen3.5-122b-a10b", group="model", pattern=r"[a-z0-9][a-z0-9.-]*",
          why="A tested model from recipes/ (README: Recipes): it sets the model, drafter, "
-             "parsers and memory knobs; a knob set to anything but its registry default "
-             "overrides the recipe's value."),
+             "parsers and memory knobs; a knob you set overrides the recipe's value."),
     Knob("MODEL", "text", "Intel/Qwen3.5-122B-A10B-int4-AutoRound", group="model",
          pattern=_NAME, cpu_default=CPU_MODEL,
          why="Target checkpoint (Hugging Face id or path). int4 is what fits: bf16 weights of "
