@@ -30,7 +30,7 @@ from sparkserve.command_line import (
     fail,
 )
 from sparkserve.knobs import KnobError
-from sparkserve.memory.budget import budget_problem, largest_gpu_mem
+from sparkserve.memory.budget import largest_gpu_mem
 from sparkserve.memory.checkpoint import (
     CheckpointError,
     Weights,
@@ -48,7 +48,7 @@ from sparkserve.memory.kv import (
     VllmMissing,
     kv_geometry,
 )
-from sparkserve.settings import resolve_settings
+from sparkserve.settings import Settings, resolve_settings
 
 # Spark figures (docs/MEMORY.md, shared FACTS): LPDDR5X bandwidth on the datasheet and as
 # measured by others; the memory the OS sees.
@@ -109,7 +109,7 @@ PLAN_KNOBS = (
 )  # fmt: skip
 
 
-def _resolve_inputs(args: argparse.Namespace, env: Mapping[str, str]) -> dict[str, Any]:
+def _resolve_inputs(args: argparse.Namespace, env: Mapping[str, str]) -> Settings:
     """The knobs the plan reads, as the launcher resolves them, the options on top."""
     launcher = "mtp" if args.method == "mtp" else "dflash"
     options = {
@@ -129,9 +129,7 @@ def _resolve_inputs(args: argparse.Namespace, env: Mapping[str, str]) -> dict[st
         )
         if getattr(args, option) is not None
     }
-    settings = resolve_settings(env, launcher, {k: str(v) for k, v in options.items()})
-    names = [name for name in PLAN_KNOBS if name != "DRAFT_MODEL" or args.method == "dflash"]
-    return {name: settings[name] for name in names}
+    return resolve_settings(env, launcher, {k: str(v) for k, v in options.items()})
 
 
 def active_bytes(
@@ -161,9 +159,10 @@ def lmhead_reclaim_bytes(config: dict[str, Any]) -> int:
     return int(vocab) * int(hidden) * 2 - int(vocab) * (int(hidden) + INT8_SCALE_BYTES)
 
 
-def _fixed_pool_problem(values: Mapping[str, str], left: int) -> str:
+def _fixed_pool_problem(settings: Settings, left: int) -> str:
     return (
-        f"leaves {left / GIB:.1f} GiB to the OS, less than OS_RESERVE_GB={values['OS_RESERVE_GB']}"
+        f"leaves {left / GIB:.1f} GiB to the OS, less than "
+        f"OS_RESERVE_GB={settings['OS_RESERVE_GB']}"
     )
 
 
@@ -171,7 +170,7 @@ def _fixed_pool_problem(values: Mapping[str, str], left: int) -> str:
 class Sources:
     """What a plan reads before any arithmetic: the knobs, the checkpoints, the machine."""
 
-    values: dict[str, str]
+    settings: Settings
     target_dir: Path
     config: dict[str, Any]
     found: Weights | None
@@ -182,12 +181,19 @@ class Sources:
     drafter_bytes: int
     total: int  # one machine's memory
 
+    @property
+    def values(self) -> dict[str, str]:
+        """The knobs the plan reads, as text (its JSON's "inputs"); DRAFT_MODEL when a
+        drafter drafts."""
+        names = [n for n in PLAN_KNOBS if n != "DRAFT_MODEL" or self.drafter_dir is not None]
+        return {name: self.settings[name] for name in names}
+
 
 def read_sources(args: argparse.Namespace, env: Mapping[str, str]) -> Sources:
     """UsageError / CheckpointError / KnobError on input."""
-    values = _resolve_inputs(args, env)
+    settings = _resolve_inputs(args, env)
     home = hf_home(dict(env))
-    target_dir = locate(values["MODEL"], home)
+    target_dir = locate(settings["MODEL"], home)
     config = read_config(target_dir)
     found = weights(target_dir)
     if args.weights_gib is not None:
@@ -196,14 +202,14 @@ def read_sources(args: argparse.Namespace, env: Mapping[str, str]) -> Sources:
         weights_bytes, source = found.bytes, found.source
     else:
         raise UsageError(
-            f"MODEL={values['MODEL']}: no safetensors files or index in {target_dir}; "
+            f"MODEL={settings['MODEL']}: no safetensors files or index in {target_dir}; "
             "pass --weights-gib"
         )
-    spec_tokens = int(values["NUM_SPEC_TOKENS"]) if args.method != "none" else 0
+    spec_tokens = settings.integer("NUM_SPEC_TOKENS") if args.method != "none" else 0
     drafter_dir: Path | None = None
     drafter_bytes = 0
     if args.method == "dflash" and spec_tokens > 0:
-        drafter_dir = locate(values["DRAFT_MODEL"], home)
+        drafter_dir = locate(settings["DRAFT_MODEL"], home)
         read_config(drafter_dir)
         if args.drafter_weights_gib is not None:
             drafter_bytes = int(args.drafter_weights_gib * GIB)
@@ -215,7 +221,7 @@ def read_sources(args: argparse.Namespace, env: Mapping[str, str]) -> Sources:
     else:
         total = read_meminfo().total
     return Sources(
-        values, target_dir, config, found, weights_bytes, source, spec_tokens, drafter_dir,
+        settings, target_dir, config, found, weights_bytes, source, spec_tokens, drafter_dir,
         drafter_bytes, total,
     )  # fmt: skip
 
@@ -237,18 +243,18 @@ def plan_inputs(args: argparse.Namespace, sources: Sources) -> dict[str, Any]:
 
 def kv_request(args: argparse.Namespace, sources: Sources, kv_bytes: int) -> KvRequest:
     """What vLLM is asked to lay out for one node (a pair's plan adds its parallel sizes)."""
-    values, spec_tokens = sources.values, sources.spec_tokens
+    settings, spec_tokens = sources.settings, sources.spec_tokens
     backend = args.attention_backend or ("CPU_ATTN" if args.platform == "cpu" else "TRITON_ATTN")
     return KvRequest(
         target=sources.target_dir,
         drafter=sources.drafter_dir,
         spec_method=None if args.method == "none" or spec_tokens == 0 else args.method,
         num_spec_tokens=spec_tokens,
-        max_model_len=int(values["MAX_MODEL_LEN"]),
-        max_num_seqs=int(values["MAX_NUM_SEQS"]),
-        max_batched_tokens=int(values["MAX_BATCHED_TOKENS"]),
+        max_model_len=settings.integer("MAX_MODEL_LEN"),
+        max_num_seqs=settings.integer("MAX_NUM_SEQS"),
+        max_batched_tokens=settings.integer("MAX_BATCHED_TOKENS"),
         kv_bytes=kv_bytes,
-        prefix_cache=values["PREFIX_CACHE"] == "1",
+        prefix_cache=settings.flag("PREFIX_CACHE"),
         platform=args.platform,
         backend=backend,
         mamba_checkpoint_blocks=args.mamba_checkpoint_blocks,
@@ -256,28 +262,27 @@ def kv_request(args: argparse.Namespace, sources: Sources, kv_bytes: int) -> KvR
 
 
 def kv_budget(
-    args: argparse.Namespace, values: Mapping[str, str], total: int, resident: int
+    args: argparse.Namespace, settings: Settings, total: int, resident: int
 ) -> tuple[int, int, int, str | None]:
     """One machine's KV memory: (KV bytes, vLLM's share as used, CUDA-graph charge, why it
     breaks the OS reserve or None), `resident` being its weights and overhead."""
     if args.kv_cache_memory_bytes is not None:
         kv_bytes = int(args.kv_cache_memory_bytes)
         used = resident + kv_bytes
-        reserve = float(values["OS_RESERVE_GB"]) * GIB
-        problem = None if total - used >= reserve else _fixed_pool_problem(values, total - used)
+        reserve = (settings.number("OS_RESERVE_GB") or 0) * GIB
+        problem = None if total - used >= reserve else _fixed_pool_problem(settings, total - used)
         return kv_bytes, used, 0, problem
-    available = int(float(values["GPU_MEM"]) * total) - resident
+    used = settings.vllm_share_bytes(total)
+    available = used - resident
     cudagraph = 0
-    if values["VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS"] == "1" and args.platform == "cuda":
+    if settings.flag("VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS") and args.platform == "cuda":
         cudagraph = int(max(available, 0) * args.cudagraph_share)
-    used = int(float(values["GPU_MEM"]) * total)
-    problem = budget_problem(values["GPU_MEM"], values["OS_RESERVE_GB"], total)
-    return available - cudagraph, used, cudagraph, problem
+    return available - cudagraph, used, cudagraph, settings.budget_problem(total)
 
 
 def machine_memory(
     args: argparse.Namespace,
-    values: Mapping[str, str],
+    settings: Settings,
     total: int,
     loaded: tuple[int, int, int],
     active: int | None,
@@ -286,7 +291,7 @@ def machine_memory(
     it, and why it breaks the OS reserve or None."""
     weights, drafter, reclaim = loaded
     resident = weights + drafter - reclaim + int(args.overhead_gib * GIB)
-    kv_bytes, used, cudagraph, problem = kv_budget(args, values, total, resident)
+    kv_bytes, used, cudagraph, problem = kv_budget(args, settings, total, resident)
     memory = MachineMemory(
         weights_bytes=weights,
         drafter_weights_bytes=drafter,
@@ -303,13 +308,13 @@ def machine_memory(
 def make_plan(args: argparse.Namespace, env: Mapping[str, str]) -> Plan:
     """Everything but the exit status; UsageError / CheckpointError / KnobError on input."""
     sources = read_sources(args, env)
-    values, config, found = sources.values, sources.config, sources.found
+    settings, config, found = sources.settings, sources.config, sources.found
     weights_bytes, source, total = sources.weights_bytes, sources.weights_source, sources.total
     overhead = int(args.overhead_gib * GIB)
-    reclaim = lmhead_reclaim_bytes(config) if values["SPARK_KEEP_BF16_LMHEAD"] == "0" else 0
+    reclaim = 0 if settings.flag("SPARK_KEEP_BF16_LMHEAD") else lmhead_reclaim_bytes(config)
     active, active_source = active_bytes(args, config, found, weights_bytes)
     loaded = (weights_bytes, sources.drafter_bytes, reclaim)
-    memory, problem = machine_memory(args, values, total, loaded, active)
+    memory, problem = machine_memory(args, settings, total, loaded, active)
     plan = Plan(
         **vars(memory),
         inputs=plan_inputs(args, sources),
@@ -317,13 +322,13 @@ def make_plan(args: argparse.Namespace, env: Mapping[str, str]) -> Plan:
         weights_source=source,
         active_source=active_source,
         overhead_bytes=overhead,
-        largest_gpu_mem=largest_gpu_mem(float(values["OS_RESERVE_GB"]), total),
+        largest_gpu_mem=largest_gpu_mem(settings.number("OS_RESERVE_GB") or 0, total),
     )
     if problem is not None:
         plan.problems.append(problem)
     if plan.kv_bytes <= 0:
         plan.problems.append(
-            f"no memory left for the KV cache: GPU_MEM={values['GPU_MEM']} of "
+            f"no memory left for the KV cache: GPU_MEM={settings['GPU_MEM']} of "
             f"{total / GIB:.1f} GiB is {plan.vllm_share_bytes / GIB:.1f} GiB, the weights and "
             f"overhead take {(plan.vllm_share_bytes - plan.kv_bytes) / GIB:.1f} GiB"
         )
@@ -338,11 +343,11 @@ def make_plan(args: argparse.Namespace, env: Mapping[str, str]) -> Plan:
         plan.problems.append(str(error))
         return plan
     plan.decode_ceiling = _decode_ceiling(plan, plan.kv, args.bandwidth_gbs)
-    seqs = int(values["MAX_NUM_SEQS"])
+    seqs = settings.integer("MAX_NUM_SEQS")
     if plan.kv.max_concurrency < 1:
         plan.problems.append(
             f"the KV pool ({plan.kv.pool_tokens:,} tokens) holds less than one request of "
-            f"MAX_MODEL_LEN={values['MAX_MODEL_LEN']}"
+            f"MAX_MODEL_LEN={settings['MAX_MODEL_LEN']}"
         )
     elif plan.kv.max_concurrency < seqs:
         plan.inputs["note"] = (

@@ -123,7 +123,7 @@ def _node(
     active: int | None,
 ) -> tuple[NodePlan, str | None]:
     """One node's memory: loaded = (weights, drafter weights, reclaim) on it."""
-    memory, problem = machine_memory(args, sources.values, sources.total, loaded, active)
+    memory, problem = machine_memory(args, sources.settings, sources.total, loaded, active)
     role = "head" if rank == 0 else "worker"
     return NodePlan(**vars(memory), rank=rank, role=role, layers=split.layers[rank]), problem
 
@@ -143,7 +143,7 @@ def make_pair_plan(args: argparse.Namespace, env: Mapping[str, str], layout: str
         raise VllmMissing(f"vLLM is not importable here ({error})") from None
     weights_per_node = split.per_node(sources.weights_bytes)
     drafter_per = drafter_per_node(drafter_split, sources.drafter_bytes)
-    keep_bf16 = sources.values["SPARK_KEEP_BF16_LMHEAD"] == "1"
+    keep_bf16 = sources.settings.flag("SPARK_KEEP_BF16_LMHEAD")
     reclaims = reclaim_per_node(split) if not keep_bf16 else (0,) * nodes
     active, active_source = active_bytes(args, sources.config, sources.found, sources.weights_bytes)
     active_per = split.per_node(active, reads=True) if active is not None else (None,) * nodes
@@ -157,7 +157,9 @@ def make_pair_plan(args: argparse.Namespace, env: Mapping[str, str], layout: str
         active_bytes=active,
         active_source=active_source,
         overhead_bytes=int(args.overhead_gib * GIB),
-        largest_gpu_mem=largest_gpu_mem(float(sources.values["OS_RESERVE_GB"]), sources.total),
+        largest_gpu_mem=largest_gpu_mem(
+            sources.settings.number("OS_RESERVE_GB") or 0, sources.total
+        ),
         split=split,
         nodes=[],
     )
@@ -207,7 +209,7 @@ def _add_kv(plan: PairPlan, args: argparse.Namespace, sources: Sources) -> None:
     plan.link = link_cost(plan, args.link_gbps, args.link_latency_us)
     plan.decode_ceiling = pair_ceiling(plan, args.bandwidth_gbs)
     pool = per_node[0]
-    seqs = int(sources.values["MAX_NUM_SEQS"])
+    seqs = sources.settings.integer("MAX_NUM_SEQS")
     length = sources.values["MAX_MODEL_LEN"]
     if pool.max_concurrency < 1:
         plan.problems.append(
