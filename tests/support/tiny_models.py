@@ -1,4 +1,5 @@
-"""Build a tiny Qwen3.5 hybrid target, a tiny DFlash drafter and a tokenizer, offline.
+"""Build a tiny Qwen3.5 hybrid target, a tiny plain Qwen3 target, a tiny DFlash drafter and a
+tokenizer, offline.
 
 Everything is deterministic (fixed seeds, generated text) and written into a directory
 that is reused when its recorded content key still matches, so a test pays the build
@@ -7,11 +8,13 @@ in the CPU serving venv, so the usual way to call this is
 
     $SPARKSERVE_CPU_PYTHON tests/support/tiny_models.py OUT_DIR
 
-which prints a JSON object with the target and drafter paths.
+which prints a JSON object with the targets' and the drafter's paths.
 
 Geometry (see shared FACTS): hidden 128, 4 layers [linear, full, linear, full],
 4 query / 2 KV heads of 128 (head_dim 128 gives 128-token prefix-cache blocks on the
 CPU), GatedDeltaNet with one 128-wide key/value head, untied lm_head and one MTP layer.
+The plain target (Qwen3ForCausalLM, the cpu image default's architecture) has the same sizes
+with two full-attention layers and no recurrent state.
 """
 
 from __future__ import annotations
@@ -90,6 +93,31 @@ def target_config() -> dict[str, Any]:
         "mtp_num_hidden_layers": 1,
         "bos_token_id": None,
         "eos_token_id": 2,  # <|im_end|>
+        "pad_token_id": 0,
+        "torch_dtype": "bfloat16",
+    }
+
+
+def plain_config() -> dict[str, Any]:
+    """config.json of the tiny plain target (Qwen3ForCausalLM: attention layers only)."""
+    return {
+        "architectures": ["Qwen3ForCausalLM"],
+        "model_type": "qwen3",
+        "vocab_size": VOCAB_SIZE,
+        "hidden_size": HIDDEN,
+        "intermediate_size": INTERMEDIATE,
+        "num_hidden_layers": 2,
+        "num_attention_heads": NUM_HEADS,
+        "num_key_value_heads": NUM_KV_HEADS,
+        "head_dim": HEAD_DIM,
+        "attention_bias": False,
+        "hidden_act": "silu",
+        "rms_norm_eps": 1e-6,
+        "max_position_embeddings": 8192,
+        "rope_theta": 1000000,
+        "tie_word_embeddings": False,
+        "bos_token_id": None,
+        "eos_token_id": 2,
         "pad_token_id": 0,
         "torch_dtype": "bfloat16",
     }
@@ -185,6 +213,29 @@ def target_tensor_specs() -> dict[str, tuple[tuple[int, ...], str]]:
     }
     specs |= _decoder_attention("mtp.layers.0")
     specs |= _decoder_common("mtp.layers.0", "norm0")
+    return specs
+
+
+def plain_tensor_specs() -> dict[str, tuple[tuple[int, ...], str]]:
+    """Checkpoint names of the plain Qwen3 target (no attention output gate, plain RMSNorm)."""
+    q = NUM_HEADS * HEAD_DIM
+    kv = NUM_KV_HEADS * HEAD_DIM
+    specs: dict[str, tuple[tuple[int, ...], str]] = {
+        "model.embed_tokens.weight": ((VOCAB_SIZE, HIDDEN), "embed"),
+        "model.norm.weight": ((HIDDEN,), "ones"),
+        "lm_head.weight": _linear(VOCAB_SIZE, HIDDEN),
+    }
+    for i in range(plain_config()["num_hidden_layers"]):
+        p = f"model.layers.{i}"
+        specs |= {
+            f"{p}.self_attn.q_proj.weight": _linear(q, HIDDEN),
+            f"{p}.self_attn.k_proj.weight": _linear(kv, HIDDEN),
+            f"{p}.self_attn.v_proj.weight": _linear(kv, HIDDEN),
+            f"{p}.self_attn.o_proj.weight": _linear(HIDDEN, q),
+            f"{p}.self_attn.q_norm.weight": ((HEAD_DIM,), "ones"),
+            f"{p}.self_attn.k_norm.weight": ((HEAD_DIM,), "ones"),
+        }
+        specs |= _decoder_common(p, "ones")
     return specs
 
 
@@ -347,22 +398,28 @@ def _write_atomically(out_dir: Path, key: str, fill: Any) -> Path:
     return out_dir
 
 
-def build_tiny_target(out_dir: str | Path) -> Path:
-    """Target with real random bf16 weights (model.safetensors) and the tokenizer."""
+def build_tiny_target(out_dir: str | Path, kind: str = "target") -> Path:
+    """A target with real random bf16 weights (model.safetensors) and the tokenizer: the
+    hybrid one ("target") or the plain one ("plain")."""
     out = Path(out_dir)
-    key = _content_key("target")
+    key = _content_key(kind)
     if _cached(out, key):
         return out
+    config, specs = (
+        (target_config(), target_tensor_specs)
+        if kind == "target"
+        else (plain_config(), plain_tensor_specs)
+    )
 
     def fill(d: Path) -> None:
         from safetensors.torch import save_file
 
-        (d / "config.json").write_text(json.dumps(target_config(), indent=2))
+        (d / "config.json").write_text(json.dumps(config, indent=2))
         (d / "generation_config.json").write_text(
             json.dumps({"eos_token_id": 2, "pad_token_id": 0, "do_sample": False})
         )
         save_file(
-            _random_tensors(target_tensor_specs(), SEED),
+            _random_tensors(specs(), SEED),
             str(d / "model.safetensors"),
             metadata={"format": "pt"},
         )
@@ -399,6 +456,7 @@ def build_all(root: str | Path) -> dict[str, str]:
     base = Path(root)
     return {
         "target": str(build_tiny_target(base / "qwen35-tiny")),
+        "plain": str(build_tiny_target(base / "qwen3-tiny-plain", "plain")),
         "dflash": str(build_tiny_dflash(base / "qwen35-tiny-dflash")),
     }
 
