@@ -25,8 +25,8 @@ from sparkserve.command_line import UsageError, one_line_errors
 from sparkserve.knobs import LAUNCHERS, KnobError, Launcher
 from sparkserve.memory.checkpoint import CheckpointError
 from sparkserve.plan import SPARK_MEM_TOTAL_GIB
+from sparkserve.recipe_summary import Summary, summarise
 from sparkserve.recipes import readme
-from sparkserve.recipes.summary import Summary, summarise
 from sparkserve.settings import resolve_settings
 from sparkserve.shell import shell_quote
 
