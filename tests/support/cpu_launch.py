@@ -39,12 +39,13 @@ def install_sparkserve(target: Path) -> Path:
 
 
 def cpu_knobs(method: str, models: Mapping[str, str], port: int, work: Path) -> dict[str, str]:
-    """The knobs a CPU run needs; everything else keeps the shipped default."""
+    """The knobs a CPU run needs; everything else keeps the shipped default (mtp_serve.sh's
+    own: 2 draft tokens)."""
     return {
         "MODEL": models["target"],
         "DRAFT_MODEL": models["dflash"],
         "SERVED_MODEL_NAME": MODEL_NAME,
-        "NUM_SPEC_TOKENS": "4" if method == "dflash" else "2",
+        **({"NUM_SPEC_TOKENS": "4"} if method == "dflash" else {}),
         "MAX_MODEL_LEN": "4096",
         "LOAD_FORMAT": "safetensors",  # fastsafetensors reads straight into GPU memory
         "TOOL_PARSER": "",  # the tiny tokenizer has no tool-call or thinking tokens
