@@ -412,7 +412,11 @@ def test_max_rows_comes_from_the_runners_vllm_config() -> None:
     assert plugin.max_rows(runner) == 39
     runner.vllm_config.speculative_config = None
     assert plugin.max_rows(runner) == 3
-    assert plugin.max_rows(NS()) == plugin.DEFAULT_MAX_ROWS
+    # no vLLM config: the launcher's settings in the environment, serve.sh's by default
+    assert plugin.launcher_rows({}) == 39
+    assert plugin.launcher_rows({"MAX_NUM_SEQS": "8", "NUM_SPEC_TOKENS": "2"}) == 24
+    assert plugin.launcher_rows({"MAX_NUM_SEQS": "0"}) == 39, "a bad value: the defaults"
+    assert plugin.max_rows(NS()) == plugin.launcher_rows()
 
 
 # --- on a CUDA GPU: the real kernels under CUDA events ----------------------------------------
