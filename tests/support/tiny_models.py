@@ -98,29 +98,25 @@ def target_config() -> dict[str, Any]:
     }
 
 
+# The hybrid target's fields that only its linear-attention layers and MTP head read.
+_HYBRID_ONLY = ("layer_types", "mtp_num_hidden_layers", "rope_parameters", "partial_rotary_factor")
+
+
 def plain_config() -> dict[str, Any]:
-    """config.json of the tiny plain target (Qwen3ForCausalLM: attention layers only)."""
-    return {
+    """config.json of the tiny plain target (Qwen3ForCausalLM: attention layers only), the
+    hybrid target's sizes otherwise."""
+    config = {
+        k: v
+        for k, v in target_config().items()
+        if k not in _HYBRID_ONLY and not k.startswith("linear_")
+    }
+    config |= {
         "architectures": ["Qwen3ForCausalLM"],
         "model_type": "qwen3",
-        "vocab_size": VOCAB_SIZE,
-        "hidden_size": HIDDEN,
-        "intermediate_size": INTERMEDIATE,
         "num_hidden_layers": 2,
-        "num_attention_heads": NUM_HEADS,
-        "num_key_value_heads": NUM_KV_HEADS,
-        "head_dim": HEAD_DIM,
-        "attention_bias": False,
-        "hidden_act": "silu",
-        "rms_norm_eps": 1e-6,
-        "max_position_embeddings": 8192,
         "rope_theta": 1000000,
-        "tie_word_embeddings": False,
-        "bos_token_id": None,
-        "eos_token_id": 2,
-        "pad_token_id": 0,
-        "torch_dtype": "bfloat16",
     }
+    return config
 
 
 def drafter_config() -> dict[str, Any]:
