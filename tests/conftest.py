@@ -29,6 +29,7 @@ from support.cpu_launch import (
     install_sparkserve,
     launcher_server,
 )
+from support.promises import STOP_GRACE_S
 from support.vllm_server import VllmServer
 
 HERE = Path(__file__).resolve().parent
@@ -180,9 +181,6 @@ def sparkserve_site(cpu_venv_python: str, tmp_path_factory: pytest.TempPathFacto
             fcntl.flock(handle, fcntl.LOCK_UN)
 
 
-STOP_LIMIT_S = 30.0
-
-
 class ServerOnce:
     """A server started on first use and again only if a test stopped it."""
 
@@ -202,8 +200,9 @@ class ServerOnce:
     def close(self) -> None:
         if self.server is not None and self.server.proc is not None:
             running = self.server.proc.poll() is None
-            took = self.server.stop(timeout_s=STOP_LIMIT_S)
-            assert not running or took < STOP_LIMIT_S, f"SIGTERM stop took {took:.1f} s"
+            # The promised bound: docker-compose.yml's stop_grace_period (`docker stop`).
+            took = self.server.stop(timeout_s=STOP_GRACE_S)
+            assert not running or took < STOP_GRACE_S, f"SIGTERM stop took {took:.1f} s"
 
 
 @pytest.fixture(scope="session")

@@ -1,4 +1,4 @@
-"""The memory guard: its rules, its cost, its exit, and the launcher's refusal after a stop
+"""The memory guard: its rules, its state file, its exit, and the launcher's refusal after a stop
 (a real server under memory pressure: tests/e2e/test_guard_under_pressure.py)."""
 
 from __future__ import annotations
@@ -15,10 +15,12 @@ import pytest
 from sparkserve.guard import Limits, SwapRate, check, check_reason, next_wait
 from sparkserve.guard_textfile import GuardState, render
 from sparkserve.memory.host import GIB, read_meminfo
+from support.promises import GUARD_REACTION_S
 from support.vllm_server import metric_sum, parse_metrics
 
 REPO = Path(__file__).resolve().parents[1]
 ENV = dict(os.environ, PYTHONPATH=str(REPO / "src"))
+HANG_S = 60.0  # a guard against a hang, not a speed target
 
 
 def guard_process(pid: int, *extra: str) -> subprocess.Popen[str]:
@@ -26,11 +28,6 @@ def guard_process(pid: int, *extra: str) -> subprocess.Popen[str]:
         [sys.executable, "-m", "sparkserve.guard", "--pid", str(pid), *extra],
         env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
-
-
-def cpu_seconds(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def test_rules() -> None:
@@ -75,34 +72,32 @@ def test_state_file_is_prometheus_text() -> None:
     assert "psi_full_avg10" not in render(state)
 
 
-def test_guard_exits_when_the_process_does_and_costs_under_1_percent(tmp_path: Path) -> None:
+def test_guard_watches_and_exits_when_the_process_does(tmp_path: Path) -> None:
+    """Its state file says it watches while the process runs, and that it stopped watching once
+    the process is gone, when it exits 0 by itself (its CPU cost: benchmarks/guard_cost.py)."""
     sleeper = subprocess.Popen(["sleep", "60"])
     guard = guard_process(
         sleeper.pid, "--floor-gb", "0.5", "--swap-mb-s", "0", "--textfile-dir", str(tmp_path)
     )
+    state_file = tmp_path / "guard.prom"
     try:
-        time.sleep(1.5)  # past the interpreter's start
+        deadline = time.monotonic() + HANG_S
+        while not state_file.exists() and guard.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.1)
         assert guard.poll() is None, guard.stderr.read() if guard.stderr else ""
-        t0, c0 = time.monotonic(), cpu_seconds(guard.pid)
-        time.sleep(6)
-        share = (cpu_seconds(guard.pid) - c0) / (time.monotonic() - t0)
-        print(f"guard CPU: {100 * share:.2f}% of one core over 6 s at 5 samples/s")
-        assert share < 0.01
-        state = parse_metrics((tmp_path / "guard.prom").read_text())
+        state = parse_metrics(state_file.read_text())
         assert metric_sum(state, "sparkserve_guard_watching") == 1
         assert metric_sum(state, "sparkserve_guard_floor_bytes") == GIB // 2
         sleeper.kill()
         sleeper.wait()
-        gone = time.monotonic()
-        guard.wait(timeout=5)
-        print(f"guard exited {time.monotonic() - gone:.2f} s after its process")
+        guard.wait(timeout=HANG_S)
     finally:
         sleeper.kill()
         guard.kill()
         guard.wait()
     assert guard.returncode == 0
     assert "watching pid" in (guard.stderr.read() if guard.stderr else "")
-    state = parse_metrics((tmp_path / "guard.prom").read_text())
+    state = parse_metrics(state_file.read_text())
     assert metric_sum(state, "sparkserve_guard_watching") == 0  # it says it stopped watching
     assert metric_sum(state, "sparkserve_guard_tripped") == 0
 
@@ -194,8 +189,9 @@ def test_launcher_can_run_without_the_guard(tmp_path: Path) -> None:
 @pytest.mark.memory_hog
 def test_a_fast_hog_is_stopped_right_after_it_crosses_the_floor(tmp_path: Path) -> None:
     """benchmarks/guard_reaction.py, one run: the watched process itself eats memory as fast as
-    it can; the guard must SIGTERM it soon after MemAvailable crosses the floor. Prints how low
-    MemAvailable got and the time from the first reading under the floor to the SIGTERM."""
+    it can; the guard must SIGTERM it within its promised reaction to MemAvailable crossing the
+    floor. Prints how low MemAvailable got and the time from the first reading under the floor
+    to the SIGTERM."""
     if read_meminfo().available < 10 * GIB:
         pytest.skip("under 10 GiB available: too little for the benchmark's 6 GiB hog")
     out = tmp_path / "reaction.json"
@@ -211,6 +207,6 @@ def test_a_fast_hog_is_stopped_right_after_it_crosses_the_floor(tmp_path: Path) 
     # Negative when the guard read MemAvailable under the floor while the hog was still
     # inside the chunk it samples after.
     assert run["first_below_to_sigterm_ms"] is not None, run
-    assert run["first_below_to_sigterm_ms"] < 1000
+    assert run["first_below_to_sigterm_ms"] < 1000 * GUARD_REACTION_S
     state = parse_metrics(run["state_file"])
     assert metric_sum(state, "sparkserve_guard_tripped", reason="mem_available") == 1

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -34,9 +33,7 @@ def test_a_tree_that_ignores_sigterm_is_killed_and_its_shared_memory_removed() -
     try:
         assert segment.exists()
         tree = Tree(top.pid)
-        started = time.monotonic()
         how = stop(tree, grace_s=0.5)
-        assert time.monotonic() - started < 5
         assert how.startswith("SIGKILL to 2 process(es) after a 0.5 s grace; removed 1 file(s)")
         assert not segment.exists()
         assert top.wait(timeout=5) == -9

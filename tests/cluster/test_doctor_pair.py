@@ -7,7 +7,6 @@ import json
 import os
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -99,13 +98,9 @@ def test_a_mismatched_pair_names_each_difference(pair: netns.NodePair, tmp_path:
     assert head_code == worker_code == 1
 
 
-def test_an_unreachable_head_is_one_line_in_bounded_time(
-    pair: netns.NodePair, tmp_path: Path
-) -> None:
+def test_an_unreachable_head_is_one_line(pair: netns.NodePair, tmp_path: Path) -> None:
     argv, env = doctor_argv(pair, 1, 2, tmp_path)
-    started = time.monotonic()
     done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=60)
-    took = time.monotonic() - started
     peer = rows(done.stdout)["peer"]
     assert done.returncode == 1 and peer["status"] == "blocker"
     assert peer["detail"].startswith(
@@ -137,8 +132,6 @@ def test_an_unreachable_head_is_one_line_in_bounded_time(
     assert rows(done.stdout)["peer"]["detail"].startswith(
         f"no worker doctor reached {pair.addresses[0]}:29501 and :29510 within 2 s"
     )
-    print(f"unreachable head reported in {took:.1f} s")
-    assert took < 30  # the doctor's other rows included; the peer part is bounded by 2 s + 2 s
 
 
 def _serve_in(pair: netns.NodePair, side: int, code: str) -> subprocess.Popen[str]:

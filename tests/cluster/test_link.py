@@ -8,7 +8,6 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -94,7 +93,7 @@ def test_each_bad_link_knob_is_one_line(
     assert refused.stderr.count("\n") == 1 and message in refused.stderr, refused.stderr
 
 
-def test_a_down_interface_and_one_without_an_address_are_refused_fast() -> None:
+def test_a_down_interface_and_one_without_an_address_are_refused() -> None:
     reason = netns.unavailable()
     if reason:
         pytest.skip(reason)
@@ -104,10 +103,8 @@ def test_a_down_interface_and_one_without_an_address_are_refused_fast() -> None:
         assert ok.returncode == 0, ok.stderr
         assert f"CLUSTER_HOST_IP='{pair.worker_ip}'" in ok.stdout
         pair.cut(pair.head)
-        started = time.monotonic()
         down = _resolve_in(pair, pair.head, CLUSTER_HEAD_ADDR=pair.head_ip,
                            CLUSTER_IFACE=pair.head_if)  # fmt: skip
-        assert time.monotonic() - started < 5
         assert (down.returncode, down.stdout) == (2, "")
         assert down.stderr == (
             f"serve.sh: CLUSTER_IFACE='{pair.head_if}': the interface is down (bring it up: "

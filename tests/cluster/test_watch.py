@@ -24,15 +24,17 @@ import pytest
 from sparkserve.cluster import health, wire
 from sparkserve.cluster.watch import EXIT_STOPPED
 from sparkserve.command_line import EXIT_BAD_INPUT
+from support.promises import pair_stop_bound_s
 from support.vllm_server import LOOPBACK, free_port
 from support.watches import wait_joined as joined
 from support.watches import watch_argv
 
 PEER_TIMEOUT_S = 2.0
 GRACE_S = 1.0
-# From a failure to both trees gone: silence (peer timeout + a beat), the grace, slack for a
-# loaded 2-core machine.
-BOUND_S = PEER_TIMEOUT_S + 1.0 + GRACE_S + 4.0
+# The promised bound from a failure to the surviving node's tree gone (docs/CLUSTER.md, "The
+# bound"), with this module's timeout and grace; the figures: benchmarks/watch_reaction.py.
+BOUND_S = pair_stop_bound_s(PEER_TIMEOUT_S, GRACE_S)
+HANG_S = 60.0  # other waits: a guard against a hang, not a speed target
 # A tree that ignores SIGTERM.
 STUBBORN = "trap '' TERM; sleep 300 & wait"  # the child inherits the ignored SIGTERM
 POLITE = "trap 'kill $!; exit 0' TERM; sleep 300 & wait"  # stops its child, as vLLM does
@@ -84,7 +86,7 @@ def running(proc: psutil.Process) -> bool:
 def finish(node: Node, timeout_s: float) -> tuple[int, str]:
     code = node.watch.wait(timeout=timeout_s)
     if code == EXIT_STOPPED:  # it stopped its node's tree
-        node.served.wait(timeout=5)
+        node.served.wait(timeout=HANG_S)
     return code, node.log()
 
 
@@ -127,16 +129,13 @@ def test_a_joined_pair_answers_probes_and_a_dead_vllm_stops_both(
     head_tree = head.tree()
     assert len(head_tree) == 2
 
-    started = time.monotonic()
     os.killpg(worker.served.pid, signal.SIGKILL)  # the worker's vLLM dies
-    code, log = finish(head, BOUND_S)
-    took = time.monotonic() - started
+    code, log = finish(head, BOUND_S)  # the promised bound
     assert code == EXIT_STOPPED
     assert f"node 1 ({LOOPBACK}): vLLM exited; stopping this node's vLLM" in log
     assert "SIGKILL to 2 process(es) after a 1 s grace" in log  # the top ignored SIGTERM
     assert not any(running(proc) for proc in head_tree)
-    assert took < BOUND_S
-    assert finish(worker, 5)[0] == EXIT_STOPPED
+    assert finish(worker, HANG_S)[0] == EXIT_STOPPED
     code, said = check_health(head.state_file)
     assert code == 1 and said.startswith("sparkserve cluster health: the pair watch is not running")
     assert said.count("\n") == 1
@@ -169,17 +168,15 @@ def test_health_without_a_watch_is_one_line(tmp_path: Path) -> None:
 def test_a_silent_peer_counts_as_lost(tmp_path: Path, nodes: list[Node]) -> None:
     head, worker, _ = pair(tmp_path, nodes)
     head_tree = head.tree()
-    started = time.monotonic()
     worker.watch.send_signal(signal.SIGSTOP)  # alive, connected, silent: a cut link
-    code, log = finish(head, BOUND_S)
+    code, log = finish(head, BOUND_S)  # the promised bound
     assert code == EXIT_STOPPED
     assert f"node 1 ({LOOPBACK}): no heartbeat for" in log
     assert "link down or host gone" in log
     assert "exited after SIGTERM" in log
     assert not any(running(proc) for proc in head_tree)
-    assert time.monotonic() - started < BOUND_S
     worker.watch.send_signal(signal.SIGCONT)  # it finds the head gone and stops its side
-    assert finish(worker, BOUND_S)[0] == EXIT_STOPPED
+    assert finish(worker, HANG_S)[0] == EXIT_STOPPED
 
 
 def test_a_host_too_busy_to_run_both_watches_is_not_a_lost_peer(
@@ -200,7 +197,7 @@ def test_a_host_too_busy_to_run_both_watches_is_not_a_lost_peer(
     for node in (head, worker):
         assert json.loads(node.state_file.read_text())["state"] == "joined"
         node.watch.send_signal(signal.SIGTERM)
-    assert "no heartbeat" not in finish(head, BOUND_S)[1] + finish(worker, BOUND_S)[1]
+    assert "no heartbeat" not in finish(head, HANG_S)[1] + finish(worker, HANG_S)[1]
 
 
 @pytest.mark.parametrize("burst", [False, True], ids=["one-sigterm", "a-burst-of-sigterms"])
@@ -216,10 +213,10 @@ def test_a_stopped_head_watch_says_bye_and_the_worker_stops(
     burst_until = time.monotonic() + (3.0 if burst else 0.0)
     while head.watch.poll() is None and time.monotonic() < burst_until:
         head.watch.send_signal(signal.SIGTERM)
-    code, log = finish(worker, BOUND_S)
+    code, log = finish(worker, HANG_S)
     assert code == EXIT_STOPPED
     assert f"node 0 ({LOOPBACK}): its watch got SIGTERM (the node is stopping)" in log
-    code, log = finish(head, BOUND_S)
+    code, log = finish(head, HANG_S)
     # A SIGTERM that lands once Python has put the default handler back at exit ends the
     # process by the signal instead of with its status: after the stop, so harmless.
     assert code in (EXIT_STOPPED, -signal.SIGTERM)
@@ -233,8 +230,8 @@ def test_different_software_is_refused_on_both_nodes(tmp_path: Path, nodes: list
     other = dict(os.environ, SPARKSERVE_IMAGE="cpu")
     worker = start_node(tmp_path, 1, port, env=other)
     nodes += [head, worker]
-    head_code, head_log = finish(head, 20)
-    worker_code, worker_log = finish(worker, 20)
+    head_code, head_log = finish(head, HANG_S)
+    worker_code, worker_log = finish(worker, HANG_S)
     assert (head_code, worker_code) == (EXIT_BAD_INPUT, EXIT_BAD_INPUT)
     assert "image: here host, peer cpu" in head_log
     assert f"node 1 ({LOOPBACK}) refused: its software differs" in head_log
@@ -247,12 +244,14 @@ def test_different_software_is_refused_on_both_nodes(tmp_path: Path, nodes: list
 def test_a_worker_waits_for_a_head_that_is_not_listening_until_the_join_timeout(
     tmp_path: Path, nodes: list[Node]
 ) -> None:
-    worker = start_node(tmp_path, 1, free_port(), join_s=3.0)
+    join_s = 3.0
+    worker = start_node(tmp_path, 1, free_port(), join_s=join_s)
     nodes.append(worker)
     started = time.monotonic()
-    code, log = finish(worker, 20)
+    code, log = finish(worker, HANG_S)
     assert code == EXIT_BAD_INPUT
-    assert 3.0 <= time.monotonic() - started < 10
+    # The promise (docs/CLUSTER.md): it keeps trying for the whole CLUSTER_JOIN_TIMEOUT_S.
+    assert time.monotonic() - started >= join_s
     assert "connection refused: its watch is not listening yet" in log
     assert "no pair after 3 s (CLUSTER_JOIN_TIMEOUT_S)" in log
     assert worker.served.poll() is None  # nothing joined, nothing stopped: the launcher exits

@@ -18,6 +18,7 @@ from test_stress_server import _start_stress_until_first_level
 from sparkserve.memory.host import GIB, read_meminfo
 from support.cpu_launch import launcher_server
 from support.plan_check import logged_pool, start_cpu_plans
+from support.promises import GUARD_REACTION_S
 from support.vllm_server import tail
 
 HOG = """
@@ -124,7 +125,7 @@ def test_guard_stops_a_real_server_under_memory_pressure(
     detected = float(stop.group(3)) - crossed
     print(f"hog crossed the floor; guard acted {detected:.2f} s later; vLLM gone "
           f"{exited - crossed:.2f} s after the crossing")  # fmt: skip
-    assert detected < 2.0
+    assert detected < GUARD_REACTION_S
     # vLLM aborts its requests and ends its engine processes (which hold the memory) at the
     # SIGTERM; with the stress run's stream still open its HTTP server then waits for that
     # connection to close, until the guard's SIGKILL after the grace period.
@@ -146,7 +147,7 @@ def test_guard_stops_a_real_server_under_memory_pressure(
         # 25 s to 2 min in CI runs): the run then ended before the stop and must have passed.
         print(f"the guard stopped vLLM at t={stopped_at:.1f} s, after the run's last phase")
         assert stress.returncode == 0 and verdict.startswith("PASS"), verdict + stress_err
-    deadline = time.monotonic() + 3
+    deadline = time.monotonic() + 30  # it exits at once; this only guards against a hang
     while any(_running(p) for p in guard_pids) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert not any(_running(p) for p in guard_pids), "the guard outlived vLLM"

@@ -79,7 +79,8 @@ def test_groups_are_the_dispatch_groups_the_server_reaches() -> None:
     assert calibrate.groups(CONFIG_TABLE, 1) == [(16, 1)]
     assert calibrate.groups(CONFIG_TABLE, 16) == [(16, 16)]
     # past the last bound: the open group, timed at no more than MAX_TIMED_ROWS rows
-    assert calibrate.groups(CONFIG_TABLE, 3 * 257)[-1] == (1 << 62, calibrate.MAX_TIMED_ROWS)
+    open_group = calibrate.groups(CONFIG_TABLE, 3 * 257)[-1]
+    assert open_group == (1 << 62, calibrate.MAX_TIMED_ROWS)
 
 
 def test_candidates_start_with_the_table_entry_and_fit_the_layout() -> None:
@@ -333,7 +334,8 @@ def test_auto_measures_once_then_reuses_the_cache(
     assert len(calibrating) == measured  # nothing measured the second time
     (line,) = [r.getMessage() for r in caplog.records if r.name == plugin.logger.name]
     assert line.startswith("sparkserve int8 lm-head: active (1024x128, torch kernel, rows layout)")
-    assert "calibrated (from the cache" in line and "M<=16 0.500 ms" in line
+    assert "calibrated (from the cache" in line
+    assert "M<=16 0.500 ms" in line
     assert "vs bf16 1.000, 2.00x" in line
 
     plugin.convert_model(_model(), max_rows=30)  # another MAX_NUM_SEQS: measured again

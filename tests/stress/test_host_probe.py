@@ -50,7 +50,8 @@ def test_rows_are_host_memory_on_the_shared_clock(probe: subprocess.Popen[str]) 
     after = time.monotonic()
     assert all(len(row) == 8 for row in got)
     times = [row[0] for row in got]
-    assert before - 2.0 < times[0] and times[-1] <= after  # this process's monotonic clock
+    # this process's monotonic clock (another clock would be far off), whatever the load
+    assert before - 60.0 < times[0] and times[-1] <= after
     assert times == sorted(times) and len(set(times)) == len(times)
     total_gib = psutil.virtual_memory().total / GIB
     for _, available, used, swap, swap_in, swap_out, *_psi in got:

@@ -69,12 +69,10 @@ def test_each_host_keeps_its_lowest_memory_and_its_swap(stand_in: WatchStandIn) 
 
 def test_an_unreachable_watch_is_one_line() -> None:
     port = free_port()
-    started = time.monotonic()
     watch, note = watch_for(pair_env(port), time.monotonic)
     assert watch is None
     assert note.startswith(f"the pair watch at 127.0.0.1:{port} did not answer (")
     assert note.endswith("): judging this host alone") and "\n" not in note
-    assert time.monotonic() - started < 5
     assert watch_for({}, time.monotonic) == (None, "")  # one Spark: nothing to poll
 
 

@@ -1,0 +1,35 @@
+"""The time bounds the product promises, each named after where it is promised. A test that
+asserts a duration asserts one of these, at the bound; every other time limit in the tests is
+a generous guard against a hang, and the measured figures live in benchmarks/."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from sparkserve.cluster import wire
+
+REPO = Path(__file__).resolve().parents[2]
+
+# docs/MEMORY.md ("The guard"): it stops the server within 2 s of MemAvailable crossing the
+# floor (its SIGTERM; the exit follows within the grace).
+GUARD_REACTION_S = 2.0
+
+
+def compose_stop_grace_s() -> float:
+    """docker-compose.yml's stop_grace_period of the serving service: `docker stop` (and
+    `compose down`) SIGKILL vLLM after it, so a SIGTERM stop must end within it."""
+    text = (REPO / "docker-compose.yml").read_text()
+    found = re.search(r"^\s*stop_grace_period:\s*(\d+)s\b", text, re.MULTILINE)
+    assert found, "docker-compose.yml has no stop_grace_period"
+    return float(found.group(1))
+
+
+STOP_GRACE_S = compose_stop_grace_s()
+
+
+def pair_stop_bound_s(peer_timeout_s: float, grace_s: float) -> float:
+    """docs/CLUSTER.md ("The bound"): from a failure to both nodes' processes gone, silence
+    (CLUSTER_PEER_TIMEOUT_S plus up to one beat) plus vLLM's exit (the grace, then a second
+    for the SIGKILLed tree): CLUSTER_PEER_TIMEOUT_S + 7 s with the watch's 5 s grace."""
+    return peer_timeout_s + wire.BEAT_S + grace_s + 1.0
