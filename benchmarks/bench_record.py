@@ -1,16 +1,17 @@
 """What every benchmark here prints and writes: a Markdown table of its runs on stdout, and a
 JSON record of the same runs with the date and the machine they ran on.
 
-    from bench_record import print_table, write_record
+    from bench_record import record_runs
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import platform
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -54,3 +55,17 @@ def write_record(path: Path | None, name: str, settings: Mapping[str, Any],
         "runs": list(runs),
     }
     path.write_text(json.dumps(record, indent=1) + "\n")
+
+
+def record_runs(name: str, args: argparse.Namespace, columns: Sequence[str],
+                runs: Iterable[Mapping[str, Any]]) -> list[Mapping[str, Any]]:  # fmt: skip
+    """Print each run as a table row as it comes, then write them all to `args.json` (when
+    given) with the command line's settings; returns the runs."""
+    print_header(columns)
+    done: list[Mapping[str, Any]] = []
+    for run in runs:
+        done.append(run)
+        print_row(run, columns)
+    json_path = getattr(args, "json", None)
+    write_record(json_path, name, vars(args) | {"json": str(json_path)}, done)
+    return done

@@ -21,7 +21,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench_record import print_header, print_row, write_record
+from bench_record import record_runs
 
 COLUMNS = ("run", "seconds", "cpu_share_pct", "vm_rss_mib", "load_1m")
 SRC = Path(__file__).resolve().parents[1] / "src"
@@ -73,12 +73,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--settle-s", type=float, default=1.5, help="wait after the start")
     parser.add_argument("--json", type=Path, help="write the runs here")
     args = parser.parse_args(argv)
-    print_header(COLUMNS)
-    runs = []
-    for number in range(1, args.runs + 1):
-        runs.append(run_once(number, args.seconds, args.settle_s))
-        print_row(runs[-1], COLUMNS)
-    write_record(args.json, "guard_cost", vars(args) | {"json": str(args.json)}, runs)
+    runs = record_runs(
+        "guard_cost",
+        args,
+        COLUMNS,
+        (run_once(number, args.seconds, args.settle_s) for number in range(1, args.runs + 1)),
+    )
     return 0 if all(run["ran_throughout"] for run in runs) else 1
 
 

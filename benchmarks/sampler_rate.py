@@ -21,7 +21,7 @@ import sys
 import time
 from pathlib import Path
 
-from bench_record import print_header, print_row, write_record
+from bench_record import record_runs
 
 from sparkserve.stress.sampler import MemorySampler
 
@@ -54,12 +54,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--block-mib", type=int, default=256, help="one C call's allocation")
     parser.add_argument("--json", type=Path, help="write the runs here")
     args = parser.parse_args(argv)
-    print_header(COLUMNS)
-    runs = []
-    for number in range(1, args.runs + 1):
-        runs.append(run_once(number, args.hz, args.seconds, args.block_mib))
-        print_row(runs[-1], COLUMNS)
-    write_record(args.json, "sampler_rate", vars(args) | {"json": str(args.json)}, runs)
+    runs = record_runs(
+        "sampler_rate",
+        args,
+        COLUMNS,
+        (
+            run_once(number, args.hz, args.seconds, args.block_mib)
+            for number in range(1, args.runs + 1)
+        ),
+    )
     return 0 if all(int(str(run["samples"])) >= 2 for run in runs) else 1
 
 

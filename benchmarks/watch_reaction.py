@@ -28,7 +28,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench_record import print_header, print_row, write_record
+from bench_record import record_runs
 
 from sparkserve.cluster.watch import EXIT_STOPPED
 from support.vllm_server import LOOPBACK, free_port
@@ -84,16 +84,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--grace-s", type=float, default=1.0)
     parser.add_argument("--json", type=Path, help="write the runs here")
     args = parser.parse_args(argv)
-    print_header(COLUMNS)
-    runs = []
     with tempfile.TemporaryDirectory() as work:
-        for number in range(1, args.runs + 1):
-            for failure in FAILURES:
-                runs.append(
-                    run_once(number, failure, args.peer_timeout_s, args.grace_s, Path(work))
-                )
-                print_row(runs[-1], COLUMNS)
-    write_record(args.json, "watch_reaction", vars(args) | {"json": str(args.json)}, runs)
+        runs = record_runs(
+            "watch_reaction",
+            args,
+            COLUMNS,
+            (
+                run_once(number, failure, args.peer_timeout_s, args.grace_s, Path(work))
+                for number in range(1, args.runs + 1)
+                for failure in FAILURES
+            ),
+        )
     return 0 if all(run["head_exit"] == EXIT_STOPPED for run in runs) else 1
 
 
