@@ -27,6 +27,11 @@ SECOND_SERVER_KV_BYTES = 200 * 1024 * 1024  # the second server's
 # fails, so it traces again), so a shared compile cache would not spare that either. The
 # container test and the PP pair (which fails eager: FACTS) serve compiled.
 EAGER = "--enforce-eager"
+# vLLM's CPU worker pins its threads to core 0 by default ("auto" binding on a 2-core host of
+# one NUMA node), so the run's servers (and each pair's head, pinned there by the pair) would
+# share one core while the other idles: a test server's worker runs one thread, unpinned, where
+# the OS finds room (the container test passes the same to its container).
+UNPINNED = {"VLLM_CPU_OMP_THREADS_BIND": "nobind", "OMP_NUM_THREADS": "1"}
 
 
 def cpu_python() -> str:
@@ -74,7 +79,7 @@ def launcher_server(
     port = free_port()
     env = dict(os.environ, **cpu_knobs(method, models, port, work))
     env.update(knobs or {})
-    env.update(VLLM_HOST_IP=LOOPBACK, VLLM_TARGET_DEVICE="cpu")
+    env.update(VLLM_HOST_IP=LOOPBACK, VLLM_TARGET_DEVICE="cpu", **UNPINNED)
     # python3 and vllm from the CPU venv; sparkserve from its installed copy.
     env["PATH"] = f"{Path(cpu_python()).parent}:{env['PATH']}"
     env["PYTHONPATH"] = str(site)
