@@ -5,6 +5,8 @@ two vLLM CPU servers that every test able to share a server uses, each started o
 - `second_server`: mtp_serve.sh (the model's MTP layer, prefix caching, the bf16 head kept,
   200 MiB of KV): a second launcher, a second head and a second KV pool for the plan.
 
+Both run eager (support/cpu_launch.py, EAGER).
+
 Each is stopped with SIGTERM at the end and must be gone within 30 s (what `docker stop`
 allows). A test that stops `second_server` on purpose must come after the tests that read it
 (tests/e2e/test_stress_server.py runs after the others); if it does not, the next user gets a
@@ -24,6 +26,7 @@ from typing import Any
 import pytest
 
 from support.cpu_launch import (
+    EAGER,
     SECOND_SERVER_KV_BYTES,
     cpu_python,
     install_sparkserve,
@@ -228,7 +231,7 @@ def second_server_once(
 ) -> Iterator[ServerOnce]:
     knobs = {
         "SPARK_KEEP_BF16_LMHEAD": "1",
-        "EXTRA_ARGS": f"--kv-cache-memory-bytes {SECOND_SERVER_KV_BYTES}",
+        "EXTRA_ARGS": f"--kv-cache-memory-bytes {SECOND_SERVER_KV_BYTES} {EAGER}",
     }
 
     def make(start: int) -> VllmServer:

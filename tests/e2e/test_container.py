@@ -44,6 +44,7 @@ from pathlib import Path
 import pytest
 
 from support.compose_project import REPO, ComposeProject, podman
+from support.cpu_launch import UNPINNED
 from support.promises import STOP_GRACE_S
 from support.vllm_server import metric_sum, parse_metrics
 
@@ -98,7 +99,7 @@ def project(
         name=f"sparkserve-e2e-{os.getpid()}",
         work=work,
         override={"services": {SERVICE: {
-            "environment": {"PYTHONPATH": SHIMS_IN_CONTAINER},
+            "environment": {"PYTHONPATH": SHIMS_IN_CONTAINER, **UNPINNED},
             "volumes": [f"{shims}:{SHIMS_IN_CONTAINER}:ro"],
         }}},
     )  # fmt: skip

