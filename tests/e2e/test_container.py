@@ -32,7 +32,7 @@ What Docker here shows about a Spark, and what it cannot:
   - a refusal (exit 2 from the fetch service; exit 3 from the server) under the restart policy:
     the fetch service has `restart: "no"`, so a bad knob stops `up` at once; a server refusing
     with exit 3 is restarted by Docker with its growing delay (the test counts the restarts and
-    sees one line per start); what a user should see instead is not decided here.
+    sees the same one line from every start); what a user should see instead is not decided here.
   - not shown: the Spark services' GPU reservation and the NVIDIA container runtime (no GPU),
     the Spark image (CUDA base, aarch64; its Python stack is checked separately, see
     docs/FINDINGS.md), aarch64 at all, and the Spark's newer Engine: this is Debian's Docker
