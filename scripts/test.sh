@@ -14,6 +14,8 @@ source "${REPO}/scripts/lib/cpu_serve_venv.sh"
 source "${REPO}/scripts/lib/containers.sh"
 # shellcheck source=scripts/lib/system_packages.sh
 source "${REPO}/scripts/lib/system_packages.sh"
+# shellcheck source=scripts/lib/docker_engine.sh
+source "${REPO}/scripts/lib/docker_engine.sh"
 set -a
 # shellcheck source=versions.env
 source "${REPO}/versions.env"
@@ -43,15 +45,20 @@ ensure_metrics_packages
 ensure_netns_packages
 export PATH="${core}/bin:${PATH}"
 
-# The container end-to-end test (tests/e2e/test_container.py): podman, a Debian base image,
-# the Dockerfile's cpu target and podman-compose. SPARKSERVE_CONTAINER_TESTS=0 skips it.
+# The container end-to-end test (tests/e2e/test_container.py): the Dockerfile's cpu target
+# built by podman/buildah on a Debian base image (this machine's pip settings reach the build
+# there), run by a Docker Engine of the suite's own with Compose v2 (scripts/lib/docker_engine.sh);
+# the daemon stops when this run ends. SPARKSERVE_CONTAINER_TESTS=0 skips it.
 if [[ "${SPARKSERVE_CONTAINER_TESTS:-1}" == 1 ]]; then
   ensure_container_tools "${REPO}"
+  ensure_docker_packages
   base_image="$(ensure_base_image localhost/sparkserve-base:bookworm)"
-  SPARKSERVE_CPU_IMAGE="$(ensure_cpu_image "${REPO}" localhost/sparkserve:cpu "${base_image}")"
-  compose_venv="$(ensure_venv compose "${PYTHON}" install_compose_venv \
-    "${REPO}/requirements/test-compose.txt" "${REPO}/scripts/lib/containers.sh")"
-  export SPARKSERVE_CPU_IMAGE SPARKSERVE_PODMAN_COMPOSE="${compose_venv}/bin/podman-compose"
+  built_image="$(ensure_cpu_image "${REPO}" localhost/sparkserve:cpu "${base_image}")"
+  trap stop_docker_engine EXIT
+  start_docker_engine
+  use_compose_plugin "${core}"
+  SPARKSERVE_CPU_IMAGE="$(ensure_docker_image "${built_image}" sparkserve:cpu)"
+  export SPARKSERVE_CPU_IMAGE
 fi
 
 log "lint"
@@ -61,5 +68,6 @@ log "pytest"
 cd "${REPO}"
 # Two test processes, one a core (pytest-xdist); the tests of the session's servers and those
 # with a memory hog share one (tests/conftest.py). `-n 0` among the arguments runs one process.
-PYTHONPATH="${REPO}/src${PYTHONPATH:+:${PYTHONPATH}}" exec "${core}/bin/python" -m pytest \
+# Not exec'd: the EXIT trap stops the suite's Docker Engine after pytest.
+PYTHONPATH="${REPO}/src${PYTHONPATH:+:${PYTHONPATH}}" "${core}/bin/python" -m pytest \
   -n 2 --dist loadgroup --no-loadscope-reorder "$@"

@@ -1,20 +1,20 @@
 # shellcheck shell=bash
-# Container tooling for the end-to-end image test: podman + buildah (Debian), a Debian base
+# Image building for the end-to-end container test: podman + buildah (Debian), a Debian base
 # image made with debootstrap (no registry here), and the `cpu` target of the Dockerfile built
-# with this machine's pip settings passed in (never baked in). Each step is skipped while its
+# with this machine's pip settings passed in (never baked in). Docker runs the containers
+# (scripts/lib/docker_engine.sh); podman only builds. Each step is skipped while its
 # result exists and its inputs are unchanged. Needs root and scripts/lib/venv.sh sourced first
 # (for `log` and `sparkserve_cache_dir`). Source this file; it defines functions only.
 
-# catatonit: compose's `init: true`; iptables: podman's bridge networks (netavark).
-CONTAINER_TOOLS=(podman buildah runc debootstrap uidmap catatonit iptables)
+CONTAINER_TOOLS=(podman buildah runc debootstrap uidmap)
 BASE_SUITE="bookworm"
 BASE_MIRROR="http://deb.debian.org/debian"
 
-# ensure_container_tools REPO: install podman & co. when missing; point podman at the settings
-# these machines need (scripts/lib/podman-containers.conf explains them).
+# ensure_container_tools REPO: install podman & co. when missing; point podman's builds at the
+# settings these machines need (scripts/lib/podman-containers.conf explains them).
 ensure_container_tools() {
   local repo="$1" tool missing=()
-  for tool in podman buildah runc debootstrap catatonit iptables; do
+  for tool in podman buildah runc debootstrap; do
     command -v "${tool}" >/dev/null 2>&1 || missing+=("${tool}")
   done
   if ((${#missing[@]} > 0)); then
@@ -99,11 +99,4 @@ ensure_cpu_image() {
     --build-arg "CPU_BASE_IMAGE=${base}" "${flags[@]}" --tag "${tag}" "${repo}" >&2
   log "containers: ${tag} ready in $((SECONDS - started)) s"
   printf '%s\n' "${tag}"
-}
-
-# install_compose_venv VENV_DIR: podman-compose, pinned, into a fresh venv (ensure_venv's
-# installer; key it on requirements/test-compose.txt and this file).
-install_compose_venv() {
-  "$1/bin/python" -m pip install --quiet --disable-pip-version-check \
-    -r "${REPO:?}/requirements/test-compose.txt"
 }

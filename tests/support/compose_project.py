@@ -1,9 +1,11 @@
-"""Run the repository's real docker-compose.yml on podman (podman-compose) for a test.
+"""Run the repository's real docker-compose.yml on the real Docker Engine (Compose v2) for a test.
 
-`./scripts/test.sh` installs podman, builds the `cpu` image and a podman-compose venv, and
-exports SPARKSERVE_CPU_IMAGE, SPARKSERVE_PODMAN_COMPOSE and CONTAINERS_CONF. A project has its
-own name (containers, network and volumes are named after it), its own `.env` and an optional
-override file holding the test-only layer; `remove()` takes everything of it away.
+`./scripts/test.sh` starts a Docker Engine of the suite's own (scripts/lib/docker_engine.sh:
+private data root and socket, never the system's daemon), links the pinned Compose v2 as its
+CLI plugin, loads the `cpu` image podman built, and exports DOCKER_HOST, DOCKER_CONFIG and
+SPARKSERVE_CPU_IMAGE. A project has its own name (containers, network and volumes are named
+after it), its own `.env` and an optional override file holding the test-only layer;
+`remove()` takes everything of it away.
 """
 
 from __future__ import annotations
@@ -13,8 +15,8 @@ import json
 import os
 import subprocess
 import time
-import urllib.request
 from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
 
 import yaml
@@ -25,22 +27,26 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 class ComposeError(RuntimeError):
-    """A compose or podman command failed, or a container did not get where it should."""
+    """A compose or docker command failed, or a container did not get where it should."""
 
 
-def api_answers(url: str) -> bool:
-    try:
-        with urllib.request.urlopen(url, timeout=2) as answer:
-            return bool(answer.status == 200)
-    except OSError:
-        return False
-
-
-def podman(*args: str, check: bool = True, timeout: float = 120) -> subprocess.CompletedProcess:
-    done = subprocess.run(["podman", *args], capture_output=True, text=True, timeout=timeout)
+def docker(*args: str, check: bool = True, timeout: float = 120) -> subprocess.CompletedProcess:
+    done = subprocess.run(["docker", *args], capture_output=True, text=True, timeout=timeout)
     if check and done.returncode != 0:
-        raise ComposeError(f"podman {' '.join(args)}: {done.stderr.strip()[-2000:]}")
+        raise ComposeError(f"docker {' '.join(args)}: {done.stderr.strip()[-2000:]}")
     return done
+
+
+def docker_time(stamp: str) -> datetime:
+    """A time from `docker inspect` (RFC 3339 with nanoseconds) as an aware datetime."""
+    head, _, rest = stamp.partition(".")
+    fraction = rest.rstrip("Z")[:6] if rest else "0"
+    return datetime.fromisoformat(f"{head}.{fraction:0<6}+00:00")
+
+
+def never_started(state: dict) -> bool:
+    """Docker's State of a container that was created and never run."""
+    return bool(state["Status"] == "created" and state["StartedAt"].startswith("0001-"))
 
 
 @dataclass
@@ -61,43 +67,59 @@ class ComposeProject:
         self.work.mkdir(parents=True, exist_ok=True)
         self.env_file.write_text("".join(f"{k}={v}\n" for k, v in self.env.items()))
 
-    def compose(self, *args: str, timeout: float = 300) -> subprocess.CompletedProcess:
-        binary = os.environ["SPARKSERVE_PODMAN_COMPOSE"]
+    def unset_env(self, *names: str) -> None:
+        """Take knobs out of .env: compose then passes none of them (the image's default)."""
+        for name in names:
+            self.env.pop(name, None)
+        self.write_env()
+
+    def compose(
+        self, *args: str, timeout: float = 300, check: bool = True
+    ) -> subprocess.CompletedProcess:
         files = ["-f", str(REPO / "docker-compose.yml")]
         if self.override is not None:
             path = self.work / "compose.test.yml"
             path.write_text(yaml.safe_dump(self.override))
             files += ["-f", str(path)]
         profiles = [arg for p in self.profiles for arg in ("--profile", p)]
-        argv = [binary, "-p", self.name, "--env-file", str(self.env_file), *files, *profiles,
-                *args]  # fmt: skip
+        argv = ["docker", "compose", "-p", self.name, "--env-file", str(self.env_file), *files,
+                *profiles, *args]  # fmt: skip
         # Compose reads knobs from the .env file only: none leaks in from the test's shell.
         env = {k: v for k, v in os.environ.items() if k not in self.env}
         done = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, env=env,
                               cwd=REPO)  # fmt: skip
-        if done.returncode != 0:
-            raise ComposeError(f"podman-compose {' '.join(args)}: {done.stderr.strip()[-2000:]}")
+        if check and done.returncode != 0:
+            raise ComposeError(f"docker compose {' '.join(args)}: {done.stderr.strip()[-2000:]}")
         return done
 
-    def up(self, service: str) -> None:
-        """`up -d SERVICE` on a port free right now (PORT in .env): the suite runs other
-        servers, and a port picked minutes earlier may be taken by then."""
+    def up(
+        self, service: str, wait_s: float | None = None, check: bool = True
+    ) -> subprocess.CompletedProcess:
+        """`up -d [--wait] SERVICE` on a port free right now (PORT in .env): the suite runs
+        other servers, and a port picked minutes earlier may be taken by then. With wait_s,
+        Compose returns once the service is healthy by Docker's own healthcheck schedule (or
+        fails when it exits, turns unhealthy or a dependency fails)."""
         self.write_env(PORT=str(free_port()))
-        self.compose("up", "-d", service)
+        wait = [] if wait_s is None else ["--wait", "--wait-timeout", str(int(wait_s))]
+        timeout = 300 if wait_s is None else wait_s + 120
+        return self.compose("up", "-d", "--no-build", *wait, service, timeout=timeout,
+                            check=check)  # fmt: skip
 
     def volume(self, name: str) -> str:
         return f"{self.name}_{name}"
 
     def volume_path(self, name: str) -> Path:
-        """The host folder of a named volume (created empty if missing; podman runs as root)."""
+        """The host folder of a named volume, created empty (with Compose's labels, so Compose
+        takes it as its own) if missing. The test runs as root, as dockerd does."""
         volume = self.volume(name)
-        if podman("volume", "exists", volume, check=False).returncode != 0:
-            podman("volume", "create", volume)
-        mount = podman("volume", "inspect", "--format", "{{.Mountpoint}}", volume).stdout
+        if docker("volume", "inspect", volume, check=False).returncode != 0:
+            docker("volume", "create", "--label", f"com.docker.compose.project={self.name}",
+                   "--label", f"com.docker.compose.volume={name}", volume)  # fmt: skip
+        mount = docker("volume", "inspect", "--format", "{{.Mountpoint}}", volume).stdout
         return Path(mount.strip())
 
     def container(self, service: str) -> str:
-        done = podman(
+        done = docker(
             "ps", "-a", "--filter", f"label=com.docker.compose.project={self.name}",
             "--filter", f"label=com.docker.compose.service={service}",
             "--format", "{{.Names}}",
@@ -107,28 +129,20 @@ class ComposeProject:
             raise ComposeError(f"service {service}: expected one container, found {names}")
         return names[0]
 
+    def inspect(self, service: str) -> dict:
+        return dict(json.loads(docker("inspect", self.container(service)).stdout)[0])
+
     def state(self, service: str) -> dict:
-        inspected = json.loads(podman("inspect", self.container(service)).stdout)
-        return inspected[0]["State"]
+        return dict(self.inspect(service)["State"])
+
+    def restarts(self, service: str) -> int:
+        """How often Docker's restart policy has restarted the service's container."""
+        return int(self.inspect(service)["RestartCount"])
 
     def logs(self, service: str) -> str:
-        done = podman("logs", self.container(service), check=False)
+        """Everything the container printed, over all of its restarts."""
+        done = docker("logs", self.container(service), check=False)
         return done.stdout + done.stderr
-
-    def wait_healthy(self, service: str, timeout_s: float) -> float:
-        """Seconds until the image's own healthcheck passes (`podman healthcheck run`: podman
-        schedules none without systemd). It runs once the API answers /health on the
-        published port: each run is a `podman exec`, too dear on 2 cores to poll with."""
-        started = time.monotonic()
-        url = f"http://127.0.0.1:{self.env['PORT']}/health"
-        while time.monotonic() - started < timeout_s:
-            if api_answers(url):
-                name = self.container(service)
-                if podman("healthcheck", "run", name, check=False).returncode == 0:
-                    return time.monotonic() - started
-            time.sleep(1)
-        tail = self.logs(service)[-4000:]
-        raise ComposeError(f"{service} not healthy after {timeout_s:.0f} s; log tail:\n{tail}")
 
     def wait_for_log(self, service: str, text: str, timeout_s: float) -> str:
         deadline = time.monotonic() + timeout_s
@@ -140,6 +154,14 @@ class ComposeProject:
         raise ComposeError(f"{service}: {text!r} not in its log after {timeout_s:.0f} s:\n"
                            f"{self.logs(service)[-4000:]}")  # fmt: skip
 
+    def wait_for_restarts(self, service: str, count: int, timeout_s: float) -> int:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if (seen := self.restarts(service)) >= count:
+                return seen
+            time.sleep(0.5)
+        raise ComposeError(f"{service}: fewer than {count} restarts after {timeout_s:.0f} s")
+
     def down(self) -> float:
         started = time.monotonic()
         self.compose("down", timeout=120)
@@ -150,7 +172,7 @@ class ComposeProject:
         with contextlib.suppress(ComposeError, subprocess.TimeoutExpired):
             self.compose("down", "--volumes", timeout=180)
         for kind in ("volume", "network"):
-            names = podman(kind, "ls", "--format", "{{.Name}}", check=False).stdout.split()
+            names = docker(kind, "ls", "--format", "{{.Name}}", check=False).stdout.split()
             for name in names:
                 if name.startswith(f"{self.name}_"):
-                    podman(kind, "rm", "-f", name, check=False)
+                    docker(kind, "rm", "-f", name, check=False)

