@@ -1,5 +1,6 @@
-"""`sparkserve doctor` on this machine (no GPU, no Docker engine; a docker client may exist),
-and with a stand-in nvidia-smi and docker that answer like a Spark's."""
+"""`sparkserve doctor` on this machine (no GPU; the suite's own Docker Engine when
+./scripts/test.sh started it, otherwise none), and with a stand-in nvidia-smi and docker that
+answer like a Spark's."""
 
 from __future__ import annotations
 
@@ -8,6 +9,8 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 from sparkserve.memory.checkpoint import cache_dir_name
 
@@ -28,7 +31,9 @@ def rows(done: subprocess.CompletedProcess[str]) -> dict[str, dict[str, str]]:
 
 
 def test_this_machine_is_reported_cleanly(tmp_path: Path) -> None:
-    done = doctor("--json", "--disk-need-gb", "1", env={"HF_HOME": str(tmp_path / "hf")})
+    # No engine behind the socket: informational on a machine that is not a Spark.
+    no_engine = {"HF_HOME": str(tmp_path / "hf"), "DOCKER_HOST": f"unix://{tmp_path}/none.sock"}
+    done = doctor("--json", "--disk-need-gb", "1", env=no_engine)
     assert done.stderr == ""
     found = rows(done)
     assert found["machine"]["status"] == "info"
@@ -38,9 +43,22 @@ def test_this_machine_is_reported_cleanly(tmp_path: Path) -> None:
     assert found["memory"]["status"] == "ok"
     assert found["knobs"]["status"] == "ok"
     assert done.returncode == 0, done.stdout
-    table = doctor("--disk-need-gb", "1", env={"HF_HOME": str(tmp_path / "hf")})
+    table = doctor("--disk-need-gb", "1", env=no_engine)
     print(table.stdout)
     assert table.stdout.splitlines()[-1] == "no blockers: ready for a first run"
+
+
+@pytest.mark.skipif(
+    not os.environ.get("DOCKER_HOST"),
+    reason="DOCKER_HOST is unset: ./scripts/test.sh starts the suite's Docker Engine and sets it",
+)
+def test_the_suites_docker_engine_is_found(tmp_path: Path) -> None:
+    done = doctor("--json", "--disk-need-gb", "1", env={"HF_HOME": str(tmp_path / "hf")})
+    found = rows(done)
+    assert found["Docker"]["status"] == "ok", found["Docker"]
+    assert found["Docker"]["detail"].startswith("engine 20.10"), found["Docker"]
+    assert found["Docker Compose"]["status"] == "ok", found["Docker Compose"]
+    assert "disk (Docker data)" in found, found  # the engine's data root is checked too
 
 
 def test_blockers_exit_non_zero(tmp_path: Path) -> None:

@@ -44,10 +44,8 @@ What Docker here shows about a Spark, and what it cannot:
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
-import shutil
 import socket
 import subprocess
 import sys
@@ -62,7 +60,9 @@ from support.compose_project import (
     REPO,
     ComposeProject,
     docker_time,
+    install_shims,
     never_started,
+    place_in_hf_cache,
 )
 from support.cpu_launch import UNPINNED
 from support.promises import STOP_GRACE_S
@@ -102,25 +102,6 @@ def answers(port: int) -> bool:
         return True
     except OSError:
         return False
-
-
-def place_in_hf_cache(hub: Path, repo_id: str, files: Path) -> None:
-    """A checkpoint in Hugging Face's cache layout, as `snapshot_download` leaves it."""
-    repo = hub / ("models--" + repo_id.replace("/", "--"))
-    digest = hashlib.sha1(repo_id.encode()).hexdigest()
-    snapshot = repo / "snapshots" / digest
-    shutil.copytree(files, snapshot, dirs_exist_ok=True, ignore=shutil.ignore_patterns(".*"))
-    (repo / "refs").mkdir(parents=True, exist_ok=True)
-    (repo / "refs" / "main").write_text(digest)
-
-
-def install_shims(cpu_python: str, target: Path) -> Path:
-    subprocess.run(
-        [cpu_python, "-m", "pip", "install", "--quiet", "--no-deps", "--no-build-isolation",
-         "--target", str(target), str(REPO / "tests" / "cpu_shims")],
-        check=True, capture_output=True, timeout=300,
-    )  # fmt: skip
-    return target
 
 
 @pytest.fixture(scope="module")

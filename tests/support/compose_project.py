@@ -11,8 +11,10 @@ after it), its own `.env` and an optional override file holding the test-only la
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import os
+import shutil
 import subprocess
 import time
 from dataclasses import dataclass, field
@@ -176,3 +178,24 @@ class ComposeProject:
             for name in names:
                 if name.startswith(f"{self.name}_"):
                     docker(kind, "rm", "-f", name, check=False)
+
+
+def place_in_hf_cache(hub: Path, repo_id: str, files: Path) -> None:
+    """A checkpoint in Hugging Face's cache layout, as `snapshot_download` leaves it."""
+    repo = hub / ("models--" + repo_id.replace("/", "--"))
+    digest = hashlib.sha1(repo_id.encode()).hexdigest()
+    snapshot = repo / "snapshots" / digest
+    shutil.copytree(files, snapshot, dirs_exist_ok=True, ignore=shutil.ignore_patterns(".*"))
+    (repo / "refs").mkdir(parents=True, exist_ok=True)
+    (repo / "refs" / "main").write_text(digest)
+
+
+def install_shims(cpu_python: str, target: Path) -> Path:
+    """The test-only vLLM fixes for the CPU (tests/cpu_shims), installed into target for a
+    container to mount (they are never built into the image)."""
+    subprocess.run(
+        [cpu_python, "-m", "pip", "install", "--quiet", "--no-deps", "--no-build-isolation",
+         "--target", str(target), str(REPO / "tests" / "cpu_shims")],
+        check=True, capture_output=True, timeout=300,
+    )  # fmt: skip
+    return target
