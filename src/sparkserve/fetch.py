@@ -2,15 +2,28 @@
 
 Runs before vLLM starts (the launchers' first step, and compose's *-fetch services), so a slow
 download never counts against the server's healthcheck and vLLM itself can run offline. Uses
-huggingface_hub's `snapshot_download`: its progress bars, resumed partial files, HF_TOKEN.
+huggingface_hub's `snapshot_download` and HF_TOKEN. Before downloading it asks the Hub for the
+revision's file list and sizes, removes partial files a stopped fetch left, and refuses when
+the cache's disk cannot hold what is missing. Files finished by an earlier run are kept; a
+file cut short is fetched again from its start (huggingface_hub 2.x does not resume inside a
+file). Progress: huggingface_hub's bars on a terminal, else a line per finished file and at
+least every PROGRESS_EVERY_S seconds (what `docker compose logs` shows).
+
 A checkpoint fetched completely once is recorded in the cache; later runs find it there and
-make no network call. HF_OFFLINE=1 never contacts the Hub. A MODEL that is a local folder is
-used as it is.
+make no network call. Every run checks each safetensors file's length against its own header
+before vLLM starts: a file cut short in the cache is removed and fetched again (online), or
+refused in one line (HF_OFFLINE=1). HF_OFFLINE=1 never contacts the Hub. A MODEL that is a
+local folder is used as it is.
+
+Exit status: 0 every checkpoint is in the cache and whole; 2 a bad knob; 4 a checkpoint could
+not be fetched or checked (the Hub's answer, a full disk, a file cut short). Each failure is one
+line on stderr naming the knob, the repo and what to do.
 """
 
 from __future__ import annotations
 
 import argparse
+import errno
 import json
 import os
 import sys
@@ -18,12 +31,22 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from sparkserve.fetch_cache import (
+    broken_weights,
+    free_bytes,
+    remove_broken,
+    remove_stale_partials,
+)
+from sparkserve.fetch_progress import Progress, human
 from sparkserve.knobs import LAUNCHERS, KnobError, Launcher
 from sparkserve.settings import Settings, resolve_settings
 
 EXIT_BAD_KNOB = 2
 EXIT_FETCH_FAILED = 4
 RECORD = Path("sparkserve") / "fetched.json"  # under HF_HOME
+PROGRESS_EVERY_S = 10.0
+# Room beyond the files' own sizes: filesystem blocks, the cache's refs, locks and record.
+SPACE_MARGIN = 2**20
 
 
 class FetchError(RuntimeError):
@@ -83,11 +106,16 @@ class Record:
         return None
 
     def add(self, repo_id: str, snapshot: Path) -> None:
+        """Record the snapshot complete; on a disk too full for the record, leave it
+        unrecorded (the next run asks the Hub again) and no partial record behind."""
         self.entries[repo_id] = {"snapshot": str(snapshot), "files": _snapshot_files(snapshot)}
-        self.path.parent.mkdir(parents=True, exist_ok=True)
         partial = self.path.with_suffix(".tmp")
-        partial.write_text(json.dumps(self.entries, indent=1, sort_keys=True) + "\n")
-        partial.replace(self.path)
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            partial.write_text(json.dumps(self.entries, indent=1, sort_keys=True) + "\n")
+            partial.replace(self.path)
+        except OSError:
+            partial.unlink(missing_ok=True)
 
 
 class Unreachable(FetchError):
@@ -104,57 +132,188 @@ def _cached(repo_id: str) -> Path | None:
         return None
 
 
-def _download(repo_id: str) -> Path:
-    """The repo's current revision, complete: asks the Hub which files it has, then fetches
-    the missing ones (partial files resume)."""
-    from huggingface_hub import HfApi, snapshot_download
+def _has_token() -> bool:
+    from huggingface_hub import get_token
+
+    return bool(get_token())
+
+
+def hub_refusal(error: Exception) -> str:
+    """The Hub's refusal in one line, with what to do about it (never the token itself)."""
+    from huggingface_hub.errors import GatedRepoError, RepositoryNotFoundError
+
+    status = getattr(getattr(error, "response", None), "status_code", "?")
+    token = _has_token()
+    if isinstance(error, GatedRepoError):
+        if token:
+            return (
+                f"the repo is gated and the token in HF_TOKEN has no access (HTTP {status}): "
+                "accept its terms on the Hub with that token's account"
+            )
+        return (
+            f"the repo is gated and HF_TOKEN is empty (HTTP {status}): accept its terms on "
+            "the Hub, then set HF_TOKEN to a token of that account"
+        )
+    if isinstance(error, RepositoryNotFoundError):
+        if token:
+            return (
+                f"the Hub has no such repo, or the token in HF_TOKEN cannot read it (HTTP "
+                f"{status}): check the name, and the token's access to it"
+            )
+        return (
+            f"the Hub has no such repo, or it is private or gated and HF_TOKEN is empty (HTTP "
+            f"{status}): check the name, or set HF_TOKEN to a token that can read it"
+        )
+    if status == 401:
+        return "the Hub refused the token in HF_TOKEN (HTTP 401): set a valid one"
+    if status == 429:
+        return "the Hub is rate limiting this address (HTTP 429): wait a while and start again"
+    first = str(error).splitlines()[0] if str(error) else type(error).__name__
+    return f"the Hub answered HTTP {status} ({first})"
+
+
+@dataclass(frozen=True)
+class Revision:
+    sha: str
+    sizes: dict[str, int]  # each file of the revision and its size in bytes
+
+
+def _revision(repo_id: str) -> Revision:
+    """The commit the Hub serves for `main` and its files with their sizes."""
+    from huggingface_hub import HfApi
     from huggingface_hub.errors import HfHubHTTPError
 
+    api = HfApi()
     try:
-        revision = HfApi().model_info(repo_id).sha
+        # snapshot_download's default revision is main, so this asks for that branch too.
+        sha = str(api.model_info(repo_id, revision="main").sha)
+        tree = api.list_repo_tree(repo_id, revision=sha, recursive=True)
+        sizes = {entry.path: int(entry.size) for entry in tree if hasattr(entry, "size")}
     except HfHubHTTPError as error:
-        status = getattr(error.response, "status_code", "?")
-        hint = " (gated or private: set HF_TOKEN)" if status in (401, 403) else ""
-        raise FetchError(f"the Hub answered HTTP {status}{hint}") from error
+        raise FetchError(hub_refusal(error)) from error
     except Exception as error:  # the transport's error types change between releases
         raise Unreachable(f"the Hub is unreachable ({type(error).__name__})") from error
+    return Revision(sha, sizes)
+
+
+def _no_space(needed: int, hub: Path) -> str:
+    where, free = free_bytes(hub)
+    return (
+        f"needs {human(needed + SPACE_MARGIN)} free in {where} for the files still missing, "
+        f"and it has {human(free)}: free space there or put HF_HOME on a larger disk "
+        "(compose: MODEL_CACHE), then start again"
+    )
+
+
+def _download(item: Wanted, hub: Path, revision: Revision, prog: str) -> Path:
+    """Fetch what the cache lacks of `revision`; finished files are kept on any failure."""
+    from huggingface_hub import snapshot_download
+    from huggingface_hub.errors import HfHubHTTPError
+    from huggingface_hub.utils import disable_progress_bars
+
+    repo_dir = _repo_dir(hub, item.ref)
+    snapshot = repo_dir / "snapshots" / revision.sha
+    missing = {
+        name: size for name, size in revision.sizes.items() if not (snapshot / name).is_file()
+    }
+    needed = sum(missing.values())
+    if needed and needed + SPACE_MARGIN > free_bytes(hub)[1]:
+        raise FetchError(_no_space(needed, hub))
+    progress = None
+    if missing and not sys.stderr.isatty():
+        disable_progress_bars()
+        label = f"{prog}: {item.knob} {item.ref}"
+        progress = Progress(label, snapshot, repo_dir / "blobs", revision.sizes, PROGRESS_EVERY_S)
+        progress.start()
     try:
-        return Path(snapshot_download(repo_id, revision=revision))
+        return Path(snapshot_download(item.ref, revision=revision.sha))
     except HfHubHTTPError as error:
-        raise FetchError(f"download failed: {str(error).splitlines()[0]}") from error
+        raise FetchError(hub_refusal(error)) from error
     except OSError as error:
-        raise FetchError(f"download failed: {error}") from error
+        if error.errno == errno.ENOSPC:
+            left = sum(s for n, s in revision.sizes.items() if not (snapshot / n).is_file())
+            raise FetchError(
+                "the disk filled during the download; " + _no_space(left, hub)
+            ) from error
+        raise FetchError(f"download failed: {error}; start again to fetch the rest") from error
+    except Exception as error:  # a connection cut: the transport's own error types
+        first = str(error).splitlines()[0] if str(error) else ""
+        raise FetchError(
+            f"download failed ({type(error).__name__}: {first}); start again to fetch the rest"
+        ) from error
+    finally:
+        if progress is not None:
+            progress.stop()
 
 
-def fetch_one(item: Wanted, hf_home: Path, offline: bool, record: Record) -> str:
-    """Put one checkpoint into the cache; return the line that says what happened."""
+def _check_weights(item: Wanted, snapshot: Path, repair: bool, prog: str) -> bool:
+    """True when every safetensors file is whole. A broken one is removed when `repair` (the
+    caller downloads it again), else refused."""
+    broken = broken_weights(snapshot)
+    for bad in broken:
+        if not repair:
+            raise FetchError(
+                f"{bad.path} is cut short or damaged ({bad.problem}): start once with "
+                "HF_OFFLINE=0 to fetch it anew (or delete it)"
+            )
+        remove_broken(bad)
+        print(
+            f"{prog}: {item.knob} {item.ref}: {bad.path.name} in the cache is cut short or "
+            f"damaged ({bad.problem}); removed it, downloading it again",
+            file=sys.stderr,
+        )
+    return not broken
+
+
+def fetch_one(item: Wanted, hf_home: Path, offline: bool, record: Record, prog: str) -> str:
+    """Put one checkpoint into the cache, whole; return the line that says what happened."""
     if is_local(item.ref):
         if not Path(item.ref).is_dir():
             raise FetchError(f"{item.knob}={item.ref!r}: no such folder")
         return f"{item.knob} {item.ref}: a local folder, nothing to fetch"
+    try:
+        return _fetch_repo(item, hf_home, offline, record, prog)
+    except FetchError as error:
+        raise FetchError(f"{item.knob}={item.ref}: {error}") from error
+
+
+def _fetch_repo(item: Wanted, hf_home: Path, offline: bool, record: Record, prog: str) -> str:
     known = record.complete(item.ref)
-    if known is not None:
+    if known is not None and _check_weights(item, known, repair=not offline, prog=prog):
         return f"{item.knob} {item.ref}: complete in the cache ({known}), nothing to fetch"
     if offline:
         cached = _cached(item.ref)
         if cached is None:
-            raise FetchError(f"{item.knob}={item.ref}: HF_OFFLINE=1 and it is not in the cache")
+            raise FetchError("HF_OFFLINE=1 and it is not in the cache")
+        _check_weights(item, cached, repair=False, prog=prog)
         return f"{item.knob} {item.ref}: in the cache ({cached}), offline (HF_OFFLINE=1)"
-    repo_dir = _repo_dir(hf_home / "hub", item.ref)
-    before = _blob_bytes(repo_dir)
+    hub = hf_home / "hub"
+    repo_dir = _repo_dir(hub, item.ref)
     try:
-        snapshot = _download(item.ref)
+        revision = _revision(item.ref)
     except Unreachable as error:
         cached = _cached(item.ref)
         if cached is None:
-            raise FetchError(
-                f"{item.knob}={item.ref}: {error} and it is not in the cache"
-            ) from error
+            raise FetchError(f"{error} and it is not in the cache") from error
+        _check_weights(item, cached, repair=False, prog=prog)
         # Not recorded as complete: nobody could check it against the Hub.
         return f"{item.knob} {item.ref}: {error}; serving the cached snapshot as it is ({cached})"
-    except FetchError as error:
-        raise FetchError(f"{item.knob}={item.ref}: {error}") from error
+    count, freed = remove_stale_partials(hub, repo_dir)
+    if count:
+        print(
+            f"{prog}: {item.knob} {item.ref}: removed {count} partial file(s) a stopped fetch "
+            f"left ({human(freed)})",
+            file=sys.stderr,
+        )
+    before = _blob_bytes(repo_dir)
+    snapshot = _download(item, hub, revision, prog)
     got = _blob_bytes(repo_dir) - before
+    broken = broken_weights(snapshot)
+    if broken:
+        raise FetchError(
+            f"the Hub served {broken[0].path.name} cut short or damaged ({broken[0].problem}): "
+            "start again; if it stays so, the repo's file itself is broken"
+        )
     record.add(item.ref, snapshot)
     return f"{item.knob} {item.ref}: {got / 2**20:.1f} MiB downloaded, complete ({snapshot})"
 
@@ -172,7 +331,7 @@ def run_fetch(env: Mapping[str, str], launcher: Launcher, prog: str) -> int:
     record = Record(hf_home)
     for item in wanted(settings):
         try:
-            line = fetch_one(item, hf_home, offline, record)
+            line = fetch_one(item, hf_home, offline, record, prog)
         except FetchError as error:
             print(f"{prog}: {error}", file=sys.stderr)
             return EXIT_FETCH_FAILED

@@ -127,6 +127,22 @@ def _safetensors_header(path: Path) -> dict[str, Any]:
     return header
 
 
+def safetensors_length(path: Path) -> int:
+    """The bytes a whole safetensors file takes by its own header: the 8-byte length, the
+    header, and the data up to the end of its last tensor. A file of another size was cut
+    short (or is not what its header says); CheckpointError when the header cannot be read."""
+    header = _safetensors_header(path)
+    with path.open("rb") as handle:
+        (length,) = struct.unpack("<Q", handle.read(8))
+    end = 0
+    for name, info in header.items():
+        if name != "__metadata__" and isinstance(info, dict):
+            offsets = info.get("data_offsets", (0, 0))
+            _tensor_bytes(path, info)  # rejects malformed offsets
+            end = max(end, int(offsets[1]))
+    return 8 + length + end
+
+
 def _tensor_bytes(path: Path, info: dict[str, Any]) -> int:
     """A header entry's size from its data_offsets, [start, end] in bytes."""
     offsets = info.get("data_offsets", (0, 0))
