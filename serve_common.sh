@@ -96,7 +96,8 @@ fetch_models() {
   "${FETCH_ARGS[@]}" || exit 4
 }
 
-# start_guard: the memory guard, in the background, next to the vLLM we are about to become.
+# start_guard: the memory guard, in the background, next to the vLLM we are about to become;
+# its keeper (sparkserve.guard_keeper) runs it and replaces it if it dies while vLLM runs.
 start_guard() {
   (( ${#GUARD_ARGS[@]} > 0 )) || return 0
   "${GUARD_ARGS[@]}" </dev/null >&2 &

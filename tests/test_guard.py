@@ -3,19 +3,23 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
 
+import psutil
 import pytest
 
 from sparkserve.guard import Limits, SwapRate, check, check_reason, next_wait
+from sparkserve.guard_keeper import RESTARTS
 from sparkserve.guard_textfile import GuardState, render
 from sparkserve.memory.host import GIB, read_meminfo
-from support.promises import GUARD_REACTION_S
+from support.promises import GUARD_REACTION_S, GUARD_RESTART_S
 from support.vllm_server import metric_sum, parse_metrics
 
 REPO = Path(__file__).resolve().parents[1]
@@ -181,6 +185,69 @@ def test_launcher_can_run_without_the_guard(tmp_path: Path) -> None:
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
     assert ran.exists() and "sparkserve guard" not in done.stderr
+
+
+def _guard_of(keeper: psutil.Process, other_than: int | None) -> psutil.Process | None:
+    for child in keeper.children():
+        if "sparkserve.guard" in child.cmdline() and child.pid != other_than:
+            return child
+    return None
+
+
+def _wait_watching(state_file: Path, since: float, deadline: float) -> float:
+    """When the guard's state file first says `watching 1`, written after `since` (epoch)."""
+    while time.monotonic() < deadline:
+        with contextlib.suppress(OSError):
+            state = parse_metrics(state_file.read_text())
+            written = metric_sum(state, "sparkserve_guard_updated_timestamp_seconds")
+            if written > since and metric_sum(state, "sparkserve_guard_watching") == 1:
+                return written
+        time.sleep(0.02)
+    raise AssertionError(f"no guard wrote `watching 1` into {state_file}")
+
+
+def test_a_killed_guard_is_replaced_and_one_that_keeps_dying_stops_vllm(tmp_path: Path) -> None:
+    """serve.sh with a `vllm` that sleeps: the launcher's keeper replaces a guard killed with
+    SIGKILL (a new one writes its state within the promised bound) and, at the guard's death
+    past its restart budget, stops the process it guards within the same bound."""
+    env, _ = fake_vllm(tmp_path)
+    (tmp_path / "bin" / "vllm").write_text("#!/bin/sh\nexec sleep 300\n")
+    state_file = tmp_path / "hf" / "sparkserve" / "metrics" / "guard.prom"
+    launcher = subprocess.Popen(
+        [str(REPO / "serve.sh")], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+        text=True,
+    )  # fmt: skip
+    served = psutil.Process(launcher.pid)  # the launcher, then (exec) vLLM: here, sleep
+    restarts: list[float] = []
+    try:
+        _wait_watching(state_file, 0.0, time.monotonic() + HANG_S)
+        (keeper,) = [p for p in served.children() if "sparkserve.guard_keeper" in p.cmdline()]
+        guard = _guard_of(keeper, None)
+        assert guard is not None and served.cmdline()[0] == "sleep"
+        for _ in range(RESTARTS):
+            killed = time.time()
+            guard.send_signal(signal.SIGKILL)
+            restarts.append(_wait_watching(state_file, killed, time.monotonic() + HANG_S) - killed)
+            guard = _guard_of(keeper, guard.pid)
+            assert guard is not None and launcher.poll() is None
+        killed = time.time()
+        guard.send_signal(signal.SIGKILL)  # one death past the budget: vLLM must not run on
+        launcher.wait(timeout=HANG_S)
+        stopped = time.time() - killed
+        keeper.wait(timeout=HANG_S)
+    finally:
+        launcher.kill()
+        launcher.wait()
+    log = launcher.stderr.read() if launcher.stderr else ""
+    print(f"guard SIGKILL to a new guard's state: {', '.join(f'{s:.2f}' for s in restarts)} s; "
+          f"the last SIGKILL to vLLM's exit: {stopped:.2f} s")  # fmt: skip
+    assert max(restarts) < GUARD_RESTART_S, restarts
+    assert launcher.returncode == -signal.SIGTERM and stopped < GUARD_RESTART_S
+    assert log.count("was killed by SIGKILL while vLLM") == RESTARTS, log
+    assert f"its {RESTARTS + 1}th death in 600 s; stopping vLLM" in log
+    assert "exited after SIGTERM" in log
+    state = parse_metrics(state_file.read_text())
+    assert metric_sum(state, "sparkserve_guard_watching") == 0  # it says nothing watches
 
 
 # ---------------------------------------------------------------- a fast hog

@@ -282,7 +282,7 @@ def test_dry_run_hides_secrets_and_keeps_the_compile_cache_on_the_volume() -> No
     assert "env: HF_TOKEN=<hidden>" in done.stdout
     assert "env: VLLM_CACHE_ROOT='/root/.cache/huggingface/vllm'" in done.stdout
     assert "env: VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS='0'" in done.stdout
-    assert "guard: 'python3' '-m' 'sparkserve.guard' '--pid'" in done.stdout
+    assert "guard: 'python3' '-m' 'sparkserve.guard_keeper' '--pid'" in done.stdout
     quiet = run_launcher("mtp", launcher_env(DRY_RUN="1", GUARD="0"))
     assert quiet.returncode == 0 and "guard:" not in quiet.stdout
 

@@ -28,6 +28,7 @@ RATE = "$__rate_interval"  # Grafana's window: at least four scrape intervals
 class Query:
     expr: str
     legend: str
+    idle: bool = False  # a "no traffic" marker: 0 while the server is idle, else no value
 
 
 @dataclass(frozen=True)
@@ -40,148 +41,234 @@ class PanelSpec:
     maximum: float | None = None
 
 
-def _rate(metric: str, by: str = "") -> str:
-    group = f" by ({by})" if by else ""
-    return f"sum{group}(rate({metric}[{RATE}]))"
+@dataclass(frozen=True)
+class Variable:
+    name: str
+    label: str
+    query: str  # Grafana's label_values() over the data source
 
 
-def _p50_p95(histogram: str) -> tuple[Query, ...]:
-    """The median and the 95th percentile of a vLLM histogram over the rate window."""
-    return tuple(
-        Query(f"histogram_quantile({q}, sum by (le) (rate({histogram}_bucket[{RATE}])))", name)
-        for q, name in ((0.5, "p50"), (0.95, "p95"))
+# One server is one vLLM scrape target (instance) serving one model; one host is one
+# node-exporter target. Every panel keeps them apart (by instance, by model), so a pair's two
+# hosts or two servers on one host are never summed or maxed into one line.
+VARIABLES = (
+    Variable("instance", "vLLM server", 'label_values(up{job="vllm"}, instance)'),
+    Variable(
+        "model",
+        "model",
+        'label_values(vllm:num_requests_running{instance=~"$instance"}, model_name)',
+    ),
+    Variable("host", "host", "label_values(node_memory_MemAvailable_bytes, instance)"),
+)
+SERVER = '{instance=~"$instance", model_name=~"$model"}'
+HOST = '{instance=~"$host"}'
+BY = "instance, model_name"
+WHO = "{{instance}} {{model_name}}"
+
+
+def _rate(metric: str, by: str = BY) -> str:
+    return f"sum by ({by}) (rate({metric}{SERVER}[{RATE}]))"
+
+
+def _no_traffic(denominator: str) -> Query:
+    """0 while the denominator's rate is 0 (an idle server), no value otherwise: an idle
+    server shows as idle, and a broken one (no series at all) as a gap."""
+    return Query(f"{denominator} == 0", f"{WHO}: no traffic", idle=True)
+
+
+def _ratio(
+    numerator: str, denominator: str, legend: str, plus_one: bool = False
+) -> tuple[Query, ...]:
+    """numerator / denominator where the denominator moved, and the idle marker."""
+    head = "1 + " if plus_one else ""
+    return (
+        Query(f"({head}{numerator} / {denominator}) and {denominator} > 0", legend),
+        _no_traffic(denominator),
     )
 
 
+def _p50_p95(histogram: str) -> tuple[Query, ...]:
+    """The median and the 95th percentile of a vLLM histogram over the rate window, per
+    server, where requests were observed; the idle marker where none were."""
+    observed = _rate(f"{histogram}_count")
+    quantiles = tuple(
+        Query(
+            f"histogram_quantile({q}, {_rate(f'{histogram}_bucket', f'{BY}, le')}) "
+            f"and on ({BY}) {observed} > 0",
+            f"{WHO}: {name}",
+        )
+        for q, name in ((0.5, "p50"), (0.95, "p95"))
+    )
+    return (*quantiles, _no_traffic(observed))
+
+
 DRAFTS = _rate("vllm:spec_decode_num_drafts_total")
+PER_POSITION = f"{BY}, position"
+# sparkserve.spec_metrics (the plugin) counts the drafts that had a token at each position.
+REACHED = _rate("sparkserve_spec_decode_num_drafts_per_pos_total", PER_POSITION)
+# The guard rewrites its state every second while it watches; older than this is stale.
+GUARD_FRESH_S = 30
 
 PANELS: tuple[PanelSpec, ...] = (
     PanelSpec(
         "Decode tokens/s",
-        "Generated tokens per second, all requests together. A Spark with the default DFlash "
-        "drafter gives ~81 tok/s on agent turns, 54.5 on code, 33 on prose at one stream "
-        "(published figures); without a drafter ~28.",
+        "Generated tokens per second, per server and model (0 while idle). A Spark with the "
+        "default DFlash drafter gives ~81 tok/s on agent turns, 54.5 on code, 33 on prose at one "
+        "stream (published figures); without a drafter ~28.",
         "short",
-        (Query(_rate("vllm:generation_tokens_total"), "generated"),),
+        (Query(_rate("vllm:generation_tokens_total"), f"{WHO}: generated"),),
     ),
     PanelSpec(
         "Time to first token",
-        "p50 and p95 of the time from request to first token. Warm prefixes (cache hits) "
-        "should start in a fraction of a second (0.18 s on a 4k prefix on a Spark); a cold "
-        "long prompt takes seconds.",
+        "p50 and p95 of the time from request to first token; 'no traffic' (0) while no "
+        "request started. Warm prefixes (cache hits) should start in a fraction of a second "
+        "(0.18 s on a 4k prefix on a Spark); a cold long prompt takes seconds.",
         "s",
         _p50_p95("vllm:time_to_first_token_seconds"),
     ),
     PanelSpec(
         "Inter-token latency",
-        "p50 and p95 of the time between streamed tokens. With a drafter tokens arrive in "
-        "bursts of accepted drafts, so p50 is small and p95 is one verification step; a p95 "
-        "rising under load means the batch is saturated.",
+        "p50 and p95 of the time between streamed tokens; 'no traffic' (0) while nothing "
+        "streams. With a drafter tokens arrive in bursts of accepted drafts, so p50 is small "
+        "and p95 is one verification step; a p95 rising under load means the batch is "
+        "saturated.",
         "s",
         _p50_p95("vllm:inter_token_latency_seconds"),
     ),
     PanelSpec(
         "Requests running and waiting",
-        "Requests in the batch and in the queue. Running stays at or under MAX_NUM_SEQS (3); "
-        "waiting above 0 for long means more clients than the server runs at once.",
+        "Requests in the batch and in the queue, per server. Running stays at or under "
+        "MAX_NUM_SEQS (3); waiting above 0 for long means more clients than the server runs at "
+        "once.",
         "short",
         (
-            Query("sum(vllm:num_requests_running)", "running"),
-            Query("sum(vllm:num_requests_waiting)", "waiting"),
+            Query(f"sum by ({BY}) (vllm:num_requests_running{SERVER})", f"{WHO}: running"),
+            Query(f"sum by ({BY}) (vllm:num_requests_waiting{SERVER})", f"{WHO}: waiting"),
         ),
     ),
     PanelSpec(
         "KV cache usage",
-        "Share of the KV pool in use. Near 100 % with requests waiting means the pool, not "
-        "the compute, limits concurrency; a full pool preempts requests.",
+        "Share of the KV pool in use, per server (its fullest engine). Near 100 % with requests "
+        "waiting means the pool, not the compute, limits concurrency; a full pool preempts "
+        "requests.",
         "percentunit",
-        (Query("max(vllm:kv_cache_usage_perc)", "KV pool used"),),
+        (Query(f"max by ({BY}) (vllm:kv_cache_usage_perc{SERVER})", f"{WHO}: KV pool used"),),
         maximum=1.0,
     ),
     PanelSpec(
         "Prefix-cache hit rate",
-        "Prompt tokens served from cached blocks over tokens looked up. Multi-turn chat and "
-        "agents should hit well above half; 0 while prompts arrive is the known failure of "
-        "drafters on hybrid models (vLLM #51250) or prompts that diverge inside the cache.",
+        "Prompt tokens served from cached blocks over tokens looked up; 'no traffic' (0) while "
+        "no prompt arrives. Multi-turn chat and agents should hit well above half; 0 while "
+        "prompts arrive is the known failure of drafters on hybrid models (vLLM #51250) or "
+        "prompts that diverge inside the cache.",
         "percentunit",
-        (
-            Query(
-                f"{_rate('vllm:prefix_cache_hits_total')} / "
-                f"{_rate('vllm:prefix_cache_queries_total')}",
-                "hit rate",
-            ),
+        _ratio(
+            _rate("vllm:prefix_cache_hits_total"),
+            _rate("vllm:prefix_cache_queries_total"),
+            f"{WHO}: hit rate",
         ),
         maximum=1.0,
     ),
     PanelSpec(
         "Mean acceptance length",
-        "Tokens per verification step: 1 + accepted draft tokens / drafts. DFlash on a Spark: "
-        "~7.7 on code, 8.3-8.7 on agent turns, ~2.3 on prose; 1.0 means the drafter earns "
-        "nothing.",
+        "Tokens per verification step: 1 + accepted draft tokens / drafts; 'no traffic' (0) "
+        "while nothing is drafted. DFlash on a Spark: ~7.7 on code, 8.3-8.7 on agent turns, "
+        "~2.3 on prose; 1.0 means the drafter earns nothing.",
         "short",
-        (Query(f"1 + {_rate('vllm:spec_decode_num_accepted_tokens_total')} / {DRAFTS}", "mean"),),
+        _ratio(_rate("vllm:spec_decode_num_accepted_tokens_total"), DRAFTS, f"{WHO}: mean", True),
     ),
     PanelSpec(
         "Acceptance per draft position",
-        "Share of drafts whose token at this position was accepted. It falls with the "
-        "position; a curve that drops to 0 after position k says NUM_SPEC_TOKENS above k "
-        "only costs compute.",
+        "Of the drafts that had a token at this position, the share whose token was accepted "
+        "(a drafter that proposed fewer tokens is not counted as rejected: the denominator is "
+        "sparkserve's plugin counter, sparkserve_spec_decode_num_drafts_per_pos); 'no traffic' "
+        "(0) while nothing is drafted. It falls with the position; a curve that drops to 0 "
+        "after position k says NUM_SPEC_TOKENS above k only costs compute.",
         "percentunit",
         (
             Query(
-                f"{_rate('vllm:spec_decode_num_accepted_tokens_per_pos_total', 'position')} "
-                f"/ scalar({DRAFTS})",
-                "position {{position}}",
+                f"({_rate('vllm:spec_decode_num_accepted_tokens_per_pos_total', PER_POSITION)}"
+                f" / {REACHED}) and {REACHED} > 0",
+                f"{WHO}: position {{{{position}}}}",
             ),
+            _no_traffic(DRAFTS),
         ),
         maximum=1.0,
     ),
     PanelSpec(
         "Host MemAvailable, OS reserve and guard floor",
-        "MemAvailable must stay above OS_RESERVE_GB (14 GiB; ~15 GiB is left under peak "
-        "3-stream load at GPU_MEM 0.82 on a Spark). At the guard's floor (half the reserve) "
-        "the guard stops vLLM.",
+        "Per host: MemAvailable must stay above OS_RESERVE_GB (14 GiB; ~15 GiB is left under "
+        "peak 3-stream load at GPU_MEM 0.82 on a Spark). At the guard's floor (half the "
+        "reserve) the guard stops vLLM.",
         "bytes",
         (
-            Query("node_memory_MemAvailable_bytes", "MemAvailable"),
-            Query("max(sparkserve_guard_os_reserve_bytes)", "OS reserve"),
-            Query("max(sparkserve_guard_floor_bytes)", "guard floor"),
+            Query(f"node_memory_MemAvailable_bytes{HOST}", "{{instance}}: MemAvailable"),
+            Query(f"sparkserve_guard_os_reserve_bytes{HOST}", "{{instance}}: OS reserve"),
+            Query(f"sparkserve_guard_floor_bytes{HOST}", "{{instance}}: guard floor"),
         ),
     ),
     PanelSpec(
-        "Swap",
-        "Swap in use and how fast it grows (bytes per second). Healthy is flat: any "
-        "sustained growth under load is the first sign of a squeeze (0.88 and above swapped on a "
-        "Spark).",
+        "Swap used",
+        "Swap in use, per host. Healthy is flat; 0.88 and above swapped on a Spark.",
         "bytes",
         (
-            Query("node_memory_SwapTotal_bytes - node_memory_SwapFree_bytes", "swap used"),
-            Query(f"-deriv(node_memory_SwapFree_bytes[{RATE}])", "swap growth per second"),
+            Query(
+                f"node_memory_SwapTotal_bytes{HOST} - node_memory_SwapFree_bytes{HOST}",
+                "{{instance}}: swap used",
+            ),
         ),
+    ),
+    PanelSpec(
+        "Swap growth",
+        "How fast swap in use grows, in bytes per second, per host (negative: it shrinks). "
+        "Healthy is 0: sustained growth under load is the first sign of a squeeze; the guard "
+        "stops vLLM above GUARD_SWAP_MB_S of swap-out.",
+        "Bps",
+        (
+            Query(
+                f"-deriv(node_memory_SwapFree_bytes{HOST}[{RATE}])",
+                "{{instance}}: swap growth",
+            ),
+        ),
+        minimum=None,
     ),
     PanelSpec(
         "Memory pressure (PSI)",
-        "Share of time tasks stalled on memory: some (at least one task) and full (every "
-        "task), from the kernel's pressure-stall information, and the guard's own reading "
-        "against its limit (GUARD_PSI_PCT). Healthy is near 0; full above a few percent "
+        "Share of time tasks stalled on memory, per host: some (at least one task) and full "
+        "(every task), from the kernel's pressure-stall information, and the guard's own "
+        "reading against its limit (GUARD_PSI_PCT). Healthy is near 0; full above a few percent "
         "means the host is reclaiming hard.",
         "percent",
         (
-            Query(f"rate(node_pressure_memory_waiting_seconds_total[{RATE}]) * 100", "some"),
-            Query(f"rate(node_pressure_memory_stalled_seconds_total[{RATE}]) * 100", "full"),
-            Query("max(sparkserve_guard_psi_full_avg10_percent)", "guard: full avg10"),
-            Query("max(sparkserve_guard_psi_limit_percent)", "guard limit"),
+            Query(
+                f"rate(node_pressure_memory_waiting_seconds_total{HOST}[{RATE}]) * 100",
+                "{{instance}}: some",
+            ),
+            Query(
+                f"rate(node_pressure_memory_stalled_seconds_total{HOST}[{RATE}]) * 100",
+                "{{instance}}: full",
+            ),
+            Query(
+                f"sparkserve_guard_psi_full_avg10_percent{HOST}", "{{instance}}: guard: full avg10"
+            ),
+            Query(f"sparkserve_guard_psi_limit_percent{HOST}", "{{instance}}: guard limit"),
         ),
     ),
     PanelSpec(
         "Memory guard",
-        "1 while the guard watches vLLM; a trip shows 1 on its reason (mem_available, "
-        "swap_out or psi) and stays until the next start. A trip means vLLM was stopped: "
-        "read docs/METRICS.md before GUARD_RESUME=1.",
+        "Per host: 1 while a guard watches vLLM and its state file is fresh (rewritten within "
+        f"{GUARD_FRESH_S} s; a file a dead guard left shows 0 here and fires GuardStateStale); "
+        "a trip shows 1 on its reason (mem_available, swap_out or psi) and stays until the next "
+        "start. A trip means vLLM was stopped: read docs/METRICS.md before GUARD_RESUME=1.",
         "short",
         (
-            Query("max(sparkserve_guard_watching)", "watching"),
-            Query("max by (reason) (sparkserve_guard_tripped)", "tripped: {{reason}}"),
+            Query(
+                f"sparkserve_guard_watching{HOST} * on (instance, job) "
+                f"(time() - sparkserve_guard_updated_timestamp_seconds{HOST} < bool "
+                f"{GUARD_FRESH_S})",
+                "{{instance}}: watching",
+            ),
+            Query(f"sparkserve_guard_tripped{HOST}", "{{instance}}: tripped: {{reason}}"),
         ),
         maximum=1.0,
     ),
@@ -195,7 +282,13 @@ def build() -> dict[str, Any]:
     from grafana_foundation_sdk.builders import prometheus, timeseries
     from grafana_foundation_sdk.cog.encoder import JSONEncoder
     from grafana_foundation_sdk.models.common import LegendDisplayMode, LegendPlacement
-    from grafana_foundation_sdk.models.dashboard import DashboardCursorSync, DataSourceRef
+    from grafana_foundation_sdk.models.dashboard import (
+        DashboardCursorSync,
+        DataSourceRef,
+        VariableOption,
+        VariableRefresh,
+        VariableSort,
+    )
 
     source = DataSourceRef(type_val="prometheus", uid=DATASOURCE_UID)
     board = (
@@ -208,6 +301,18 @@ def build() -> dict[str, Any]:
         .timezone("browser")
         .tooltip(DashboardCursorSync.CROSSHAIR)
     )
+    for variable in VARIABLES:
+        board = board.with_variable(
+            dash.QueryVariable(variable.name)
+            .label(variable.label)
+            .query(variable.query)
+            .datasource(source)
+            .multi(True)
+            .include_all(True)
+            .current(VariableOption(selected=True, text="All", value="$__all"))
+            .refresh(VariableRefresh.ON_TIME_RANGE_CHANGED)
+            .sort(VariableSort.ALPHABETICAL_ASC)
+        )
     for spec in PANELS:
         panel = (
             timeseries.Panel()

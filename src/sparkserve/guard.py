@@ -190,12 +190,7 @@ def watch(
     textfile_dir: Path | None = None,
     os_reserve_bytes: int = 0,
 ) -> int:
-    state = guard_textfile.GuardState(
-        floor_bytes=limits.floor_bytes,
-        os_reserve_bytes=os_reserve_bytes,
-        swap_limit_bytes_s=limits.swap_rate_bytes_s,
-        psi_limit_pct=limits.psi_full_pct,
-    )
+    state = state_of(limits, os_reserve_bytes)
     try:
         return _watch(pid, limits, interval_s, grace_s, marker, textfile_dir, state)
     finally:
@@ -325,20 +320,34 @@ def configure(parser: argparse.ArgumentParser) -> None:
     one_line_errors(parser, PROG)
 
 
-def run(args: argparse.Namespace) -> int:
+def limits_of(args: argparse.Namespace) -> Limits:
+    """The limits the options set (an empty --floor-gb: half of --os-reserve-gb)."""
     floor_text = str(args.floor_gb).strip()
     if floor_text:
         floor_gib = _knob_option("GUARD_FLOOR_GB", "--floor-gb")["type"](floor_text)
     else:
         floor_gib = args.os_reserve_gb / 2
-    limits = Limits(
+    return Limits(
         floor_bytes=int(floor_gib * GIB),
         swap_rate_bytes_s=args.swap_mb_s * 1e6,
         window_s=args.window_s,
         psi_full_pct=args.psi_full_pct,
     )
+
+
+def state_of(limits: Limits, os_reserve_bytes: int) -> guard_textfile.GuardState:
+    """What the state file says before the first reading."""
+    return guard_textfile.GuardState(
+        floor_bytes=limits.floor_bytes,
+        os_reserve_bytes=os_reserve_bytes,
+        swap_limit_bytes_s=limits.swap_rate_bytes_s,
+        psi_limit_pct=limits.psi_full_pct,
+    )
+
+
+def run(args: argparse.Namespace) -> int:
     return watch(
-        args.pid, limits, args.interval_s, args.grace_s, args.marker,
+        args.pid, limits_of(args), args.interval_s, args.grace_s, args.marker,
         args.textfile_dir, int(args.os_reserve_gb * GIB),
     )  # fmt: skip
 

@@ -105,10 +105,12 @@ def resolve_exports(env: Mapping[str, str], launcher: Launcher, total_bytes: int
 
 
 def guard_args(settings: Settings, pid: int) -> list[str]:
+    """The guard's options, given to its keeper, which runs the guard and replaces it if it
+    dies while vLLM runs (guard_keeper.py)."""
     if not settings.flag("GUARD"):
         return []
     return [
-        "python3", "-m", "sparkserve.guard", "--pid", str(pid),
+        "python3", "-m", "sparkserve.guard_keeper", "--pid", str(pid),
         "--floor-gb", settings["GUARD_FLOOR_GB"], "--os-reserve-gb", settings["OS_RESERVE_GB"],
         "--swap-mb-s", settings["GUARD_SWAP_MB_S"], "--psi-full-pct", settings["GUARD_PSI_PCT"],
         "--textfile-dir", str(metrics_dir(settings["HF_HOME"])),

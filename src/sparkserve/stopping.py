@@ -38,9 +38,12 @@ class Tree:
     def refresh(self) -> None:
         if self.top is None:
             return
+        # Never ourselves, nor our parent (the guard keeper that runs the guard): both end
+        # by themselves once vLLM is gone, and a stop must not wait for them.
+        ours = {os.getpid(), os.getppid()}
         with contextlib.suppress(psutil.Error):
             for child in self.top.children(recursive=True):
-                if child.pid != os.getpid():
+                if child.pid not in ours:
                     self.seen[child.pid] = child
 
     def top_alive(self) -> bool:

@@ -89,6 +89,12 @@ def test_guard_stops_a_real_server_under_memory_pressure(
             and f"sparkserve.guard --pid {server.proc.pid} " in _cmdline(p)
         ]  # fmt: skip
         assert len(guard_pids) == 1, "the launcher did not start exactly one guard"
+        keeper_pids = [
+            p.name for p in Path("/proc").iterdir()
+            if p.name.isdigit()
+            and f"sparkserve.guard_keeper --pid {server.proc.pid} " in _cmdline(p)
+        ]  # fmt: skip
+        assert len(keeper_pids) == 1, "the launcher did not start exactly one guard keeper"
         now = read_meminfo().available
         need = now - int(floor_gib * GIB)
         print(f"available {before / GIB:.2f} -> {now / GIB:.2f} GiB with the server up; "
@@ -148,9 +154,9 @@ def test_guard_stops_a_real_server_under_memory_pressure(
         print(f"the guard stopped vLLM at t={stopped_at:.1f} s, after the run's last phase")
         assert stress.returncode == 0 and verdict.startswith("PASS"), verdict + stress_err
     deadline = time.monotonic() + 30  # it exits at once; this only guards against a hang
-    while any(_running(p) for p in guard_pids) and time.monotonic() < deadline:
+    while any(_running(p) for p in guard_pids + keeper_pids) and time.monotonic() < deadline:
         time.sleep(0.1)
-    assert not any(_running(p) for p in guard_pids), "the guard outlived vLLM"
+    assert not any(_running(p) for p in guard_pids + keeper_pids), "the guard outlived vLLM"
     predicted = planned()
     print("pool predicted:", predicted, "logged:", logged_pool(server.log_path))
     assert predicted["mtp-prefix"] == logged_pool(server.log_path)

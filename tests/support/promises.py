@@ -15,6 +15,11 @@ REPO = Path(__file__).resolve().parents[2]
 # floor (its SIGTERM; the exit follows within the grace).
 GUARD_REACTION_S = 2.0
 
+# docs/MEMORY.md ("A guard that dies"): a guard killed while vLLM runs is noticed at once; a
+# new one writes its state within 5 s (a Python start on a busy host), and at its 4th death in
+# 10 minutes vLLM gets its SIGTERM within 5 s instead.
+GUARD_RESTART_S = 5.0
+
 
 def compose_stop_grace_s() -> float:
     """docker-compose.yml's stop_grace_period of the serving service: `docker stop` (and
