@@ -46,11 +46,12 @@ python_step() {
 # per container. Docker's restart policy restarts a refusing container with its growing delay
 # (up to one start a minute) on the same filesystem, so a later start that would say the same
 # line says nothing: `docker compose logs` shows the reason once and `docker compose ps` the
-# status. A new container (after `up` with a changed setting) says it again. Outside the image
-# (SPARKSERVE_STATE_DIR unset) every refusal prints.
+# status. A new container (after `up` with a changed setting) says it again. Only as a
+# container's main process (PID 1, or the child of `init: true`'s docker-init) with the image's
+# SPARKSERVE_STATE_DIR; anywhere else every refusal prints.
 refuse() {
   local status="$1" line="$2" said
-  if [[ -z "${SPARKSERVE_STATE_DIR:-}" ]]; then
+  if [[ -z "${SPARKSERVE_STATE_DIR:-}" ]] || (( $$ != 1 && PPID != 1 )); then
     printf '%s\n' "${line}" >&2
     exit "${status}"
   fi
@@ -176,6 +177,7 @@ serve() {
     "${MEM_TOTAL_GIB}" "${PREFIX_CACHE}" >&2
   # 4. The guard and (on a pair) the pair watch beside it, then vLLM as this shell's child.
   # The key reaches vLLM only as VLLM_API_KEY (VLLM_ENV), never on its command line.
+  pass_stops_to_vllm
   start_guard
   start_pair_watch
   unset API_KEY
@@ -183,20 +185,28 @@ serve() {
   run_vllm
 }
 
-# run_vllm: vLLM as this shell's child, SIGTERM passed on to it (`docker stop`'s reaches this
-# shell through `init: true`; the guard and the pair watch stop vLLM by stopping this shell),
-# and its status as ours, with one rule: vLLM is a server and never ends by itself with success. vLLM 0.32's API server exits 0 when its engine core
-# dies (a crash in the engine, the engine process killed); that ends as exit 1 here, so that
-# the container's exit says it failed. A stop that was asked for ends with vLLM's own status.
-run_vllm() {
-  local status=0 asked
+# pass_stops_to_vllm: from here on SIGTERM and SIGINT are a stop asked for (STOP_ASKED), passed
+# on to vLLM as SIGTERM once it runs (a background child of a non-interactive shell ignores
+# SIGINT). Set before the guard starts: a guard that trips at once stops us through it.
+pass_stops_to_vllm() {
   STOP_ASKED=0
   VLLM_PID=""
-  # SIGINT goes on as SIGTERM: a background child of a non-interactive shell ignores SIGINT.
   trap 'STOP_ASKED=$((STOP_ASKED + 1)); [[ -z "${VLLM_PID}" ]] ||
     kill -TERM "${VLLM_PID}" 2>/dev/null || true' TERM INT
+}
+
+# run_vllm: vLLM as this shell's child, stops passed on to it (pass_stops_to_vllm: `docker
+# stop`'s SIGTERM reaches this shell through `init: true`; the guard and the pair watch stop
+# vLLM by stopping this shell), and its status as ours, with one rule: vLLM is a server and
+# never ends by itself with success. vLLM 0.32's API server exits 0 when its engine core dies
+# (a crash in the engine, the engine process killed); that ends as exit 1 here, so that the
+# container's exit says it failed. A stop that was asked for ends with vLLM's own status.
+run_vllm() {
+  local status=0 asked
+  (( STOP_ASKED == 0 )) || exit 0  # stopped before vLLM started
   vllm serve "${VLLM_ARGS[@]}" &
   VLLM_PID=$!
+  (( STOP_ASKED == 0 )) || kill -TERM "${VLLM_PID}"  # a stop between the two lines above
   # A trapped signal makes `wait` return at once (the trap runs right after): wait again, for
   # vLLM's own status.
   while :; do
