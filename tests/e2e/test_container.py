@@ -41,9 +41,10 @@ sparkserve-cpu` as a user types it:
      sole user (scripts/lib/docker_engine.sh proves it from the runs' locks); otherwise it
      skips, and under CI=true (one run on the machine) it fails instead of skipping;
   9. `docker compose down` with a stream open: SIGTERM reaches vLLM through `init: true` and
-     the launcher, the container is gone within the stop grace (timed), the stream ends
-     (drained or cut: the test holds either way) without hanging; `down` keeps the model
-     volume, `down -v` removes it.
+     the launcher, the container is gone within the stop grace plus its removal (timed; vLLM
+     0.32 keeps its HTTP server up while the stream's connection is open, so Docker's SIGKILL
+     at the grace ends it), the stream ends (drained or cut: the test holds either way)
+     without hanging; `down` keeps the model volume, `down -v` removes it.
 
 What Docker here shows about a Spark, and what it cannot:
   - shown: Compose v2's own semantics on this compose file (the fetch gate, healthcheck
@@ -54,7 +55,8 @@ What Docker here shows about a Spark, and what it cannot:
     stops `up` at once; a server that refuses (exit 2 or 3) is restarted by Docker with its
     growing delay (0.1 s doubling to one start a minute) and says why once; benchmarks/
     refusal_restarts.py measures that over minutes against the alternatives (docs/FINDINGS.md
-    section 17).
+    section 17: staying up instead would show `Up (health: starting)` for the whole start
+    period and keep `up --wait` waiting).
   - a "reboot" here is dockerd stopped (SIGTERM: it stops the containers) and started on the
     same data root; a Spark's reboot also restarts containerd, the NVIDIA runtime and the
     GPU driver, and boots the host, none of which this shows. The crash is a SIGKILL from
