@@ -75,8 +75,8 @@ RUN ./finish-image.sh
 EXPOSE 8000
 HEALTHCHECK --interval=30s --timeout=10s --start-period=600s --retries=3 \
     CMD ["/bin/sh", "-c", "curl -fsS \"http://127.0.0.1:${PORT:-8000}/health\" || exit 1"]
-# exec form: serve.sh execs vLLM, so `docker stop` (SIGTERM) reaches vLLM; compose adds an
-# init process (`init: true`) that forwards it, since PID 1 ignores signals it has no handler for.
+# exec form: `docker stop`'s SIGTERM reaches serve.sh, which runs vLLM as its child and passes
+# it on; compose adds an init process (`init: true`) that forwards it to serve.sh.
 ENTRYPOINT ["/opt/sparkserve/serve.sh"]
 
 # ---------------------------------------------------------------------------------------------
@@ -135,6 +135,6 @@ RUN ./finish-image.sh \
 EXPOSE 8000
 HEALTHCHECK --interval=30s --timeout=10s --start-period=1800s --retries=3 \
     CMD ["/bin/sh", "-c", "curl -fsS \"http://127.0.0.1:${PORT:-8000}/health\" || exit 1"]
-# exec form: serve.sh execs vLLM, so `docker stop` (SIGTERM) reaches vLLM; compose adds an
-# init process (`init: true`) that forwards it, since PID 1 ignores signals it has no handler for.
+# exec form: `docker stop`'s SIGTERM reaches serve.sh, which runs vLLM as its child and passes
+# it on; compose adds an init process (`init: true`) that forwards it to serve.sh.
 ENTRYPOINT ["/opt/sparkserve/serve.sh"]

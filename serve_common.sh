@@ -21,22 +21,57 @@ refuse_arguments() {
 resolve_knobs() {
   local exports
   LAUNCHER="$1"
-  if ! exports="$(python3 -m sparkserve knobs resolve --launcher "${LAUNCHER}" --prog "${PROG}")"; then
-    exit 2
-  fi
+  exports="$(python_step knobs resolve --launcher "${LAUNCHER}" --prog "${PROG}")" || exit $?
   eval "${exports}"
+}
+
+# python_step ARGS...: `python3 -m sparkserve ARGS` for its stdout; on failure its one line
+# goes through refuse and the launcher exits 2.
+python_step() {
+  local said out status=0
+  said="$(mktemp)"
+  out="$(python3 -m sparkserve "$@" 2>"${said}")" || status=$?
+  if (( status != 0 )); then
+    local line
+    line="$(cat -- "${said}")"
+    rm -f -- "${said}"
+    refuse 2 "${line}"
+  fi
+  cat -- "${said}" >&2
+  rm -f -- "${said}"
+  printf '%s\n' "${out}"
+}
+
+# refuse STATUS LINE: exit STATUS (2: a setting, 3: a guard record) after printing LINE, once
+# per container. Docker's restart policy restarts a refusing container with its growing delay
+# (up to one start a minute) on the same filesystem, so a later start that would say the same
+# line says nothing: `docker compose logs` shows the reason once and `docker compose ps` the
+# status. A new container (after `up` with a changed setting) says it again. Only as a
+# container's main process (PID 1, or the child of `init: true`'s docker-init) with the image's
+# SPARKSERVE_STATE_DIR; anywhere else every refusal prints.
+refuse() {
+  local status="$1" line="$2" said
+  if [[ -z "${SPARKSERVE_STATE_DIR:-}" ]] || (( $$ != 1 && PPID != 1 )); then
+    printf '%s\n' "${line}" >&2
+    exit "${status}"
+  fi
+  said="${SPARKSERVE_STATE_DIR}/refused"
+  if [[ "$(cat -- "${said}" 2>/dev/null || true)" != "${status} ${line}" ]]; then
+    printf '%s\n' "${line}" >&2
+    mkdir -p -- "${SPARKSERVE_STATE_DIR}"
+    printf '%s %s' "${status}" "${line}" > "${said}"
+  fi
+  exit "${status}"
 }
 
 # vllm_command: vLLM's whole command line and environment, decided in one place
 # (src/sparkserve/vllm_command.py) from the settings and the target's own config.json, into
-# VLLM_ARGS and VLLM_ENV; the guard's and the pair watch's commands watch this PID, which
-# becomes vLLM's at the exec in start_vllm.
+# VLLM_ARGS and VLLM_ENV; the guard's and the pair watch's commands watch this shell's PID,
+# vLLM's parent (run_vllm).
 vllm_command() {
   local exports
-  if ! exports="$(python3 -m sparkserve knobs command --launcher "${LAUNCHER}" --prog "${PROG}" \
-    --pid "$$")"; then
-    exit 2
-  fi
+  exports="$(python_step knobs command --launcher "${LAUNCHER}" --prog "${PROG}" --pid "$$")" \
+    || exit $?
   eval "${exports}"
   local note
   for note in "${NOTES[@]}"; do
@@ -80,14 +115,15 @@ check_guard_record() {
     return 0
   fi
   [[ -f "${record}" ]] || return 0
+  local line
   if [[ "${GUARD_RESUME}" == 1 ]]; then
-    printf '%s: the memory guard stopped vLLM (%s): %s; GUARD_RESUME=1 was spent on this container'"'"'s first start: fix the cause (docs/MEMORY.md), then recreate the container (docker compose up -d --force-recreate)\n' \
-      "${PROG}" "${record}" "$(tr -d '\n' < "${record}")" >&2
-    exit 3
+    printf -v line '%s: the memory guard stopped vLLM (%s): %s; GUARD_RESUME=1 was spent on this container'"'"'s first start: fix the cause (docs/MEMORY.md), then recreate the container (docker compose up -d --force-recreate)' \
+      "${PROG}" "${record}" "$(tr -d '\n' < "${record}")"
+    refuse 3 "${line}"
   fi
-  printf '%s: the memory guard stopped vLLM last time (%s): %s; fix the cause (docs/MEMORY.md), then start once with GUARD_RESUME=1\n' \
-    "${PROG}" "${record}" "$(tr -d '\n' < "${record}")" >&2
-  exit 3
+  printf -v line '%s: the memory guard stopped vLLM last time (%s): %s; fix the cause (docs/MEMORY.md), then start once with GUARD_RESUME=1' \
+    "${PROG}" "${record}" "$(tr -d '\n' < "${record}")"
+  refuse 3 "${line}"
 }
 
 # fetch_models: download what the cache lacks before vLLM starts (sparkserve fetch); a
@@ -140,12 +176,53 @@ serve() {
   printf '%s: starting vLLM %s: %s on %s:%s (GPU_MEM %s of %s GiB, prefix cache %s)\n' \
     "${PROG}" "${VLLM_FOUND_VERSION}" "${MODEL}" "${HOST}" "${PORT}" "${GPU_MEM}" \
     "${MEM_TOTAL_GIB}" "${PREFIX_CACHE}" >&2
-  # 4. The guard and (on a pair) the pair watch beside it, then exec vLLM in this process,
-  # so that `docker stop` (SIGTERM) reaches it directly. The key reaches vLLM only as
-  # VLLM_API_KEY (VLLM_ENV), never on its command line.
+  # 4. The guard and (on a pair) the pair watch beside it, then vLLM as this shell's child.
+  # The key reaches vLLM only as VLLM_API_KEY (VLLM_ENV), never on its command line.
+  pass_stops_to_vllm
   start_guard
   start_pair_watch
   unset API_KEY
   export "${VLLM_ENV[@]}"
-  exec vllm serve "${VLLM_ARGS[@]}"
+  run_vllm
+}
+
+# pass_stops_to_vllm: from here on SIGTERM and SIGINT are a stop asked for (STOP_ASKED), passed
+# on to vLLM as SIGTERM once it runs (a background child of a non-interactive shell ignores
+# SIGINT). Set before the guard starts: a guard that trips at once stops us through it.
+pass_stops_to_vllm() {
+  STOP_ASKED=0
+  VLLM_PID=""
+  trap 'STOP_ASKED=$((STOP_ASKED + 1)); [[ -z "${VLLM_PID}" ]] ||
+    kill -TERM "${VLLM_PID}" 2>/dev/null || true' TERM INT
+}
+
+# run_vllm: vLLM as this shell's child, stops passed on to it (pass_stops_to_vllm: `docker
+# stop`'s SIGTERM reaches this shell through `init: true`; the guard and the pair watch stop
+# vLLM by stopping this shell), and its status as ours, with one rule: vLLM is a server and
+# never ends by itself with success. vLLM 0.32's API server exits 0 when its engine core dies
+# (a crash in the engine, the engine process killed); that ends as exit 1 here, so that the
+# container's exit says it failed. A stop that was asked for ends with vLLM's own status.
+run_vllm() {
+  local status=0 asked
+  (( STOP_ASKED == 0 )) || exit 0  # stopped before vLLM started
+  vllm serve "${VLLM_ARGS[@]}" &
+  VLLM_PID=$!
+  (( STOP_ASKED == 0 )) || kill -TERM "${VLLM_PID}"  # a stop between the two lines above
+  # A trapped signal makes `wait` return at once (the trap runs right after): wait again, for
+  # vLLM's own status.
+  while :; do
+    asked=${STOP_ASKED}
+    status=0
+    wait "${VLLM_PID}" || status=$?
+    (( STOP_ASKED != asked )) || break
+  done
+  if (( STOP_ASKED == 0 )); then
+    if (( status == 0 )); then
+      printf '%s: vLLM ended by itself with status 0: its engine died (see above); exit 1\n' \
+        "${PROG}" >&2
+      exit 1
+    fi
+    printf '%s: vLLM ended by itself with status %s\n' "${PROG}" "${status}" >&2
+  fi
+  exit "${status}"
 }

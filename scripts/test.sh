@@ -60,11 +60,12 @@ if [[ "${SPARKSERVE_CONTAINER_TESTS:-1}" == 1 ]]; then
   ensure_container_tools "${REPO}"
   ensure_docker_packages
   base_image="$(ensure_base_image localhost/sparkserve-base:bookworm)"
-  built_image="$(ensure_cpu_image "${REPO}" localhost/sparkserve:cpu "${base_image}")"
+  image_tag="$(suite_image_tag "${REPO}")"
+  built_image="$(ensure_cpu_image "${REPO}" "localhost/sparkserve:${image_tag}" "${base_image}")"
   trap stop_docker_engine EXIT
   start_docker_engine
   use_compose_plugin "${core}"
-  SPARKSERVE_CPU_IMAGE="$(ensure_docker_image "${built_image}" sparkserve:cpu)"
+  SPARKSERVE_CPU_IMAGE="$(ensure_docker_image "${built_image}" "sparkserve:${image_tag}")"
   export SPARKSERVE_CPU_IMAGE
 fi
 

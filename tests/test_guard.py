@@ -125,6 +125,10 @@ def test_bad_input_is_one_line(args: list[str], expected: str) -> None:
     assert expected in lines[0]
 
 
+# The launcher's status when vLLM ends by itself with status 0, as the fake below does.
+ENDED_BY_ITSELF = 1
+
+
 def fake_vllm(tmp_path: Path) -> tuple[dict[str, str], Path]:
     """A launcher environment whose `vllm` only records that it ran."""
     bin_dir = tmp_path / "bin"
@@ -161,7 +165,7 @@ def test_launcher_refuses_after_a_guard_stop_until_resumed(tmp_path: Path) -> No
     done = subprocess.run(
         [launcher], env=dict(env, GUARD_RESUME="1"), capture_output=True, text=True, timeout=120
     )
-    assert done.returncode == 0, done.stderr
+    assert done.returncode == ENDED_BY_ITSELF, done.stderr  # the fake vLLM exits at once
     assert "clearing the memory guard record" in done.stderr
     assert ran.exists() and not record.exists()
 
@@ -183,7 +187,7 @@ def test_launcher_can_run_without_the_guard(tmp_path: Path) -> None:
         [str(REPO / "mtp_serve.sh")], env=dict(env, GUARD="0"),
         capture_output=True, text=True, timeout=120,
     )  # fmt: skip
-    assert done.returncode == 0, done.stderr
+    assert done.returncode == ENDED_BY_ITSELF, done.stderr
     assert ran.exists() and "sparkserve guard" not in done.stderr
 
 

@@ -49,29 +49,91 @@ start_docker_engine() {
   exec {start_fd}>"${dir}/start.lock"
   flock "${start_fd}"
   if ! docker_engine_alive; then
-    log "docker: starting dockerd (data root ${dir}/data)"
-    started=${SECONDS}
-    rm -f "${dir}/docker.sock" "${dir}/dockerd.pid"
-    # Its own session, and none of this shell's lock files open in it.
-    setsid dockerd --data-root "${dir}/data" --exec-root "${dir}/exec" \
-      -H "${DOCKER_HOST}" --pidfile "${dir}/dockerd.pid" "${DOCKERD_FLAGS[@]}" \
-      >"${dir}/dockerd.log" 2>&1 </dev/null \
-      {SPARKSERVE_DOCKER_LOCK_FD}>&- {start_fd}>&- &
-    until docker_engine_alive; do
-      if ((SECONDS - started > DOCKER_READY_TIMEOUT_S)); then
-        log "docker: dockerd did not answer in ${DOCKER_READY_TIMEOUT_S} s; its log:"
-        tail -n 20 "${dir}/dockerd.log" >&2
-        exec {start_fd}>&-
-        return 1
-      fi
-      sleep 0.2
-    done
-    log "docker: dockerd $(docker version --format '{{.Server.Version}}') ready in" \
-      "$((SECONDS - started)) s"
+    : >"${dir}/dockerd.log"
+    launch_dockerd "${dir}" {SPARKSERVE_DOCKER_LOCK_FD}>&- {start_fd}>&- || {
+      exec {start_fd}>&-
+      return 1
+    }
   else
     log "docker: reusing the running dockerd (${DOCKER_HOST})"
   fi
   exec {start_fd}>&-
+}
+
+# launch_dockerd DIR: start the suite's dockerd (DOCKER_HOST set) and wait until it answers.
+# The caller holds start.lock and closes its lock files for it.
+launch_dockerd() {
+  local dir="$1" started=${SECONDS}
+  log "docker: starting dockerd (data root ${dir}/data)"
+  rm -f "${dir}/docker.sock" "${dir}/dockerd.pid"
+  setsid dockerd --data-root "${dir}/data" --exec-root "${dir}/exec" \
+    -H "${DOCKER_HOST}" --pidfile "${dir}/dockerd.pid" "${DOCKERD_FLAGS[@]}" \
+    >>"${dir}/dockerd.log" 2>&1 </dev/null &
+  until docker_engine_alive; do
+    if ((SECONDS - started > DOCKER_READY_TIMEOUT_S)); then
+      log "docker: dockerd did not answer in ${DOCKER_READY_TIMEOUT_S} s; its log:"
+      tail -n 20 "${dir}/dockerd.log" >&2
+      return 1
+    fi
+    sleep 0.2
+  done
+  log "docker: dockerd $(docker version --format '{{.Server.Version}}') ready in" \
+    "$((SECONDS - started)) s"
+}
+
+# docker_engine_users: how many test runs hold the suite's daemon now: the locks on users.lock
+# in /proc/locks (every run holds a shared one, a blocked request is not counted).
+docker_engine_users() {
+  local ino
+  ino="$(stat -c %i "$(docker_engine_dir)/users.lock")"
+  awk -v ino="${ino}" '$2 == "FLOCK" { n = split($6, id, ":"); if (id[n] == ino) c++ }
+    END { print c + 0 }' /proc/locks
+}
+
+# holds_docker_engine PID: whether PID or one of its ancestors holds a lock on users.lock
+# (a test's process runs under the ./scripts/test.sh that took it).
+holds_docker_engine() {
+  local pid="$1" ino fdinfo
+  ino="$(stat -c %i "$(docker_engine_dir)/users.lock")"
+  while [[ -n "${pid}" && "${pid}" != 0 ]]; do
+    for fdinfo in /proc/"${pid}"/fdinfo/*; do
+      if grep -qsE "^lock:.* FLOCK .*:${ino} " "${fdinfo}"; then
+        return 0
+      fi
+    done
+    pid="$(awk '/^PPid:/ { print $2 }' "/proc/${pid}/status" 2>/dev/null || true)"
+  done
+  return 1
+}
+
+# reboot_docker_engine: what a host reboot does to the suite's daemon: SIGTERM (dockerd stops
+# its containers), then a fresh dockerd on the same data root (it starts again the containers
+# their restart policy names). Only for the daemon's sole user: the calling process must
+# descend from the one test run holding it, checked while start.lock keeps any other run from
+# starting or joining; otherwise one line and status 3, with nothing touched.
+reboot_docker_engine() {
+  local dir start_fd users pid waited=0 rc=0
+  dir="$(docker_engine_dir)"
+  export DOCKER_HOST="unix://${dir}/docker.sock"
+  exec {start_fd}>"${dir}/start.lock"
+  flock "${start_fd}"
+  users="$(docker_engine_users)"
+  if [[ "${users}" != 1 ]] || ! holds_docker_engine "$$"; then
+    printf 'docker: %s test run(s) hold the suite'"'"'s dockerd and this one is not its only user: not restarted\n' \
+      "${users}" >&2
+    exec {start_fd}>&-
+    return 3
+  fi
+  pid="$(cat "${dir}/dockerd.pid")"
+  kill -TERM "${pid}"
+  while kill -0 "${pid}" 2>/dev/null && ((waited < 1200)); do
+    sleep 0.1
+    waited=$((waited + 1))
+  done
+  log "docker: dockerd stopped (reboot)"
+  launch_dockerd "${dir}" {start_fd}>&- || rc=$?
+  exec {start_fd}>&-
+  return "${rc}"
 }
 
 # stop_docker_engine: SIGTERM the suite's dockerd if no other test run still uses it.
@@ -103,6 +165,14 @@ use_compose_plugin() {
   mkdir -p "${DOCKER_CONFIG}/cli-plugins"
   ln -sfn "${binary}" "${DOCKER_CONFIG}/cli-plugins/docker-compose"
   docker compose version >/dev/null
+}
+
+# suite_image_tag REPO: the tag (cpu-KEY) this checkout's cpu image has in podman and in the
+# suite's Docker. Runs of several checkouts at once share podman's storage and the daemon: one
+# tag each keeps a run from starting another checkout's image. The tests put it into their
+# compose override (`image:`); users' compose files name `sparkserve:cpu`.
+suite_image_tag() {
+  printf 'cpu-%s\n' "$(printf '%s' "$1" | sha1sum | cut -c1-12)"
 }
 
 # ensure_docker_image PODMAN_TAG DOCKER_TAG: the image podman built, in the suite's Docker

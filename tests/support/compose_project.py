@@ -2,10 +2,11 @@
 
 `./scripts/test.sh` starts a Docker Engine of the suite's own (scripts/lib/docker_engine.sh:
 private data root and socket, never the system's daemon), links the pinned Compose v2 as its
-CLI plugin, loads the `cpu` image podman built, and exports DOCKER_HOST, DOCKER_CONFIG and
-SPARKSERVE_CPU_IMAGE. A project has its own name (containers, network and volumes are named
-after it), its own `.env` and an optional override file holding the test-only layer;
-`remove()` takes everything of it away.
+CLI plugin, loads the `cpu` image podman built under a tag of this checkout's own, and exports
+DOCKER_HOST, DOCKER_CONFIG and SPARKSERVE_CPU_IMAGE (that tag; every project's override file
+names it as the cpu services' image). A project has its own name (containers, network and
+volumes are named after it), its own `.env` and an optional override file holding the
+test-only layer; `remove()` takes everything of it away.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ import yaml
 from support.vllm_server import free_port
 
 REPO = Path(__file__).resolve().parents[2]
+CPU_SERVICES = ("sparkserve-cpu", "sparkserve-cpu-fetch")  # docker-compose.yml's on the cpu image
 
 
 class ComposeError(RuntimeError):
@@ -79,9 +81,10 @@ class ComposeProject:
         self, *args: str, timeout: float = 300, check: bool = True
     ) -> subprocess.CompletedProcess:
         files = ["-f", str(REPO / "docker-compose.yml")]
-        if self.override is not None:
+        override = self.with_suite_image(self.override or {})
+        if override:
             path = self.work / "compose.test.yml"
-            path.write_text(yaml.safe_dump(self.override))
+            path.write_text(yaml.safe_dump(override))
             files += ["-f", str(path)]
         profiles = [arg for p in self.profiles for arg in ("--profile", p)]
         argv = ["docker", "compose", "-p", self.name, "--env-file", str(self.env_file), *files,
@@ -93,6 +96,18 @@ class ComposeProject:
         if check and done.returncode != 0:
             raise ComposeError(f"docker compose {' '.join(args)}: {done.stderr.strip()[-2000:]}")
         return done
+
+    @staticmethod
+    def with_suite_image(override: dict) -> dict:
+        """The override, plus the cpu services' `image:` set to this run's own tag of the cpu
+        image (SPARKSERVE_CPU_IMAGE; see suite_image_tag in scripts/lib/docker_engine.sh)."""
+        image = os.environ.get("SPARKSERVE_CPU_IMAGE")
+        if not image:
+            return override
+        services = dict(override.get("services", {}))
+        for name in CPU_SERVICES:
+            services[name] = {**services.get(name, {}), "image": image}
+        return {**override, "services": services}
 
     def up(
         self, service: str, wait_s: float | None = None, check: bool = True
@@ -164,6 +179,43 @@ class ComposeProject:
             time.sleep(0.5)
         raise ComposeError(f"{service}: fewer than {count} restarts after {timeout_s:.0f} s")
 
+    def wait_healthy(self, service: str, timeout_s: float) -> float:
+        """Wait until Docker's own healthcheck says `healthy`; returns the seconds it took."""
+        started = time.monotonic()
+        deadline = started + timeout_s
+        while time.monotonic() < deadline:
+            state = self.state(service)
+            if state.get("Health", {}).get("Status") == "healthy":
+                return time.monotonic() - started
+            time.sleep(0.5)
+        raise ComposeError(f"{service}: not healthy after {timeout_s:.0f} s: {self.state(service)}"
+                           f"\n{self.logs(service)[-4000:]}")  # fmt: skip
+
+    def exit_codes(self, service: str, since: float) -> list[int]:
+        """The exit codes of the service's container since a time.time(), from Docker's events
+        (a restart clears State.ExitCode within 0.1 s, so polling it would miss them)."""
+        done = docker(
+            "events", "--since", f"{since:.3f}", "--until", f"{time.time():.3f}",
+            "--filter", f"container={self.inspect(service)['Id']}", "--filter", "event=die",
+            "--format", "{{.Actor.Attributes.exitCode}}",
+        )  # fmt: skip
+        return [int(code) for code in done.stdout.split()]
+
+    def processes(self, service: str) -> dict[int, str]:
+        """Every process of the service's running container below its init (pid: command
+        line), from the host's /proc."""
+        found: dict[int, str] = {}
+        todo = [int(self.state(service)["Pid"])]
+        while todo:
+            pid = todo.pop()
+            with contextlib.suppress(OSError):
+                for task in Path(f"/proc/{pid}/task").iterdir():
+                    for child in (task / "children").read_text().split():
+                        cmdline = Path(f"/proc/{child}/cmdline").read_bytes()
+                        found[int(child)] = cmdline.replace(b"\0", b" ").decode().strip()
+                        todo.append(int(child))
+        return found
+
     def down(self) -> float:
         started = time.monotonic()
         self.compose("down", timeout=120)
@@ -199,3 +251,11 @@ def install_shims(cpu_python: str, target: Path) -> Path:
         check=True, capture_output=True, timeout=300,
     )  # fmt: skip
     return target
+
+def reboot_docker_engine() -> subprocess.CompletedProcess:
+    """scripts/lib/docker_engine.sh's reboot_docker_engine: the suite's dockerd stopped and
+    started again, as a host reboot does; status 3 (and one line) when this test run is not
+    the daemon's only user."""
+    script = (f"source {REPO}/scripts/lib/venv.sh && source {REPO}/scripts/lib/docker_engine.sh"
+              " && reboot_docker_engine")  # fmt: skip
+    return subprocess.run(["bash", "-c", script], capture_output=True, text=True, timeout=300)

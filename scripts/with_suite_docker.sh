@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# Run a command against the suite's own Docker Engine, as ./scripts/test.sh prepares it: the
+# cpu image built and loaded, dockerd started or joined (a shared lock on it while the command
+# runs), Compose v2 as its plugin, DOCKER_HOST, DOCKER_CONFIG and SPARKSERVE_CPU_IMAGE
+# exported and the core venv first on PATH. For benchmarks that need Docker, e.g.
+#   ./scripts/with_suite_docker.sh env PYTHONPATH=src:tests python benchmarks/refusal_restarts.py
+set -euo pipefail
+
+REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+# shellcheck source=scripts/lib/venv.sh
+source "${REPO}/scripts/lib/venv.sh"
+# shellcheck source=scripts/lib/installers.sh
+source "${REPO}/scripts/lib/installers.sh"
+# shellcheck source=scripts/lib/containers.sh
+source "${REPO}/scripts/lib/containers.sh"
+# shellcheck source=scripts/lib/system_packages.sh
+source "${REPO}/scripts/lib/system_packages.sh"
+# shellcheck source=scripts/lib/docker_engine.sh
+source "${REPO}/scripts/lib/docker_engine.sh"
+set -a
+# shellcheck source=versions.env
+source "${REPO}/versions.env"
+set +a
+
+(($# > 0)) || { echo "usage: $0 COMMAND [ARGS...]" >&2; exit 2; }
+PYTHON="${SPARKSERVE_PYTHON:-$(command -v python3.11 || command -v python3)}"
+core="$(ensure_venv core "${PYTHON}" install_core_venv \
+  "${REPO}/requirements/test-core.txt" "${REPO}/requirements/test-core-nodeps.txt" \
+  "${REPO}/versions.env" "${REPO}/scripts/lib/installers.sh")"
+ensure_container_tools "${REPO}"
+ensure_docker_packages
+base_image="$(ensure_base_image localhost/sparkserve-base:bookworm)"
+image_tag="$(suite_image_tag "${REPO}")"
+built_image="$(ensure_cpu_image "${REPO}" "localhost/sparkserve:${image_tag}" "${base_image}")"
+trap stop_docker_engine EXIT
+start_docker_engine
+use_compose_plugin "${core}"
+SPARKSERVE_CPU_IMAGE="$(ensure_docker_image "${built_image}" "sparkserve:${image_tag}")"
+export SPARKSERVE_CPU_IMAGE
+export PATH="${core}/bin:${PATH}"
+cd "${REPO}"
+"$@"
