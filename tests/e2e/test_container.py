@@ -25,6 +25,10 @@ sparkserve-cpu` as a user types it:
   5. the tiny plain Qwen3ForCausalLM (the cpu image default's architecture) with the cpu
      image's defaults: the launcher leaves out the Mamba align flag, so it answers repeated
      prompts from its prefix cache and stays healthy.
+  6. drain on stop (the plain model, SHUTDOWN_TIMEOUT_S=8): across `docker compose stop` a
+     stream shorter than the drain finishes normally, a request during the drain gets HTTP 503,
+     a stream longer than the drain ends with an error event, and the container exits by
+     itself within compose's stop grace; each timed.
 
 What Docker here shows about a Spark, and what it cannot:
   - shown: Compose v2's own semantics on this compose file (the fetch gate, healthcheck
@@ -51,6 +55,7 @@ import shutil
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 from collections.abc import Iterator
@@ -66,6 +71,7 @@ from support.compose_project import (
 )
 from support.cpu_launch import UNPINNED
 from support.promises import STOP_GRACE_S
+from support.sse_stream import Stream, post
 from support.vllm_server import metric_sum, parse_metrics
 
 SERVICE = "sparkserve-cpu"
@@ -452,3 +458,93 @@ def test_5_a_plain_qwen3_target_serves_with_prefix_caching(project: ComposeProje
     report = os.environ.get("SPARKSERVE_E2E_REPORT")
     if report:  # the figures docs/FINDINGS.md quotes
         Path(report).write_text(json.dumps({**TIMINGS, **COMPILE_LINES}, indent=1) + "\n")
+
+
+# ---------------------------------------------------------------- 6. drain on stop
+
+DRAIN_S = 8  # SHUTDOWN_TIMEOUT_S for this test: short, so that it costs little
+DRAIN_TIMINGS: dict[str, float] = {}
+
+
+def tokens_per_s(port: int) -> float:
+    """This container's decode speed for one stream now (the stream lengths follow it)."""
+    probe = Stream(port, API_KEY, "tiny", 200)
+    started = time.monotonic()
+    probe.run()
+    assert probe.result.finished_normally, probe.result
+    return probe.result.chunks / (time.monotonic() - started)
+
+
+def refused_during_drain(port: int, deadline_s: float) -> tuple[int, dict[str, str], bytes]:
+    """A new request once the drain began: vLLM's API server still answers, until it exits."""
+    deadline = time.monotonic() + deadline_s
+    while True:
+        status, headers, body = post(
+            port, API_KEY, "/v1/completions", {"model": "tiny", "prompt": "hi", "max_tokens": 4}
+        )
+        if status != 200 or time.monotonic() > deadline:
+            return status, headers, body
+        time.sleep(0.2)  # the stop's SIGTERM has not reached vLLM yet
+
+
+def test_6_drain_a_stop_finishes_short_streams_refuses_new_ones_and_ends_long_ones(
+    project: ComposeProject,
+) -> None:
+    project.write_env(MODEL=PLAIN_REPO, GUARD_RESUME="0", GUARD_FLOOR_GB="",
+                      EXTRA_ARGS="--enforce-eager", MAX_MODEL_LEN="8192",
+                      SHUTDOWN_TIMEOUT_S=str(DRAIN_S))  # fmt: skip
+    project.unset_env("DRAFT_MODEL", "NUM_SPEC_TOKENS", "TOOL_PARSER", "REASONING_PARSER")
+    project.up(SERVICE, wait_s=HEALTHY_TIMEOUT_S)
+    port = port_of(project)
+    rate = tokens_per_s(port)
+    # short: about 1.5 s of decoding alone; long: about 20 s, well past the drain
+    short = Stream(port, API_KEY, "tiny", max(16, int(rate * 1.5)))
+    long = Stream(port, API_KEY, "tiny", min(8000, max(int(rate * 20), 2000)))
+    for stream in (short, long):
+        stream.start()
+    deadline = time.monotonic() + 60
+    while short.result.first_chunk_at is None or long.result.first_chunk_at is None:
+        assert time.monotonic() < deadline, (short.result, long.result)
+        time.sleep(0.05)
+    stopped_at = time.monotonic()
+    stop = threading.Thread(target=project.compose, args=("stop", SERVICE),
+                            kwargs={"timeout": STOP_GRACE_S + 60})  # fmt: skip
+    stop.start()
+    status, headers, body = refused_during_drain(port, 10)
+    refused_at = time.monotonic()
+    stop.join()
+    stop_s = time.monotonic() - stopped_at
+    short.join(30)
+    long.join(30)
+
+    DRAIN_TIMINGS.update(
+        tokens_per_s=round(rate), short_tokens=short.max_tokens, long_tokens=long.max_tokens,
+        compose_stop_s=round(stop_s, 2), refused_after_s=round(refused_at - stopped_at, 2),
+        short_end_after_stop_s=round((short.result.ended_at or 0) - stopped_at, 2),
+        long_end_after_stop_s=round((long.result.ended_at or 0) - stopped_at, 2),
+        long_chunks=long.result.chunks,
+    )  # fmt: skip
+    print(f"\ndrain timings: {json.dumps(DRAIN_TIMINGS)}")
+    log = project.logs(SERVICE)
+    # in flight at the stop, then a normal end inside the drain
+    assert short.result.finished_normally, (short.result, log[-4000:])
+    assert stopped_at < (short.result.ended_at or 0) < stopped_at + DRAIN_S
+    # a request during the drain: refused at once, in words, with a retry hint
+    assert status == 503, (status, body, log[-4000:])
+    assert headers.get("retry-after") and headers.get("connection") == "close", headers
+    assert "shutting down" in json.loads(body)["error"]["message"]
+    # longer than the drain: an error event at its end, never a finish_reason or a silent cut
+    assert not long.result.finished_normally and long.result.status == 200, long.result
+    assert long.result.errors and not long.result.finish_reasons, long.result
+    assert long.result.chunks < long.max_tokens
+    assert (long.result.ended_at or 0) - stopped_at >= DRAIN_S
+    assert "draining in-flight requests count=2" in log, log[-4000:]
+    # the container exited by itself (no SIGKILL from Docker) within the stop grace
+    state = project.state(SERVICE)
+    assert state["Status"] == "exited" and state["ExitCode"] != 137, state
+    assert stop_s < STOP_GRACE_S, DRAIN_TIMINGS
+    assert not listening(port)
+    project.down()
+    report = os.environ.get("SPARKSERVE_E2E_DRAIN_REPORT")
+    if report:  # the figures docs/FINDINGS.md quotes
+        Path(report).write_text(json.dumps(DRAIN_TIMINGS, indent=1) + "\n")
