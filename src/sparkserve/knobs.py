@@ -229,8 +229,9 @@ KNOBS: tuple[Knob, ...] = (
              "again; off uses the built-in table, tuned on an H200."),
     # The memory guard (sparkserve guard, docs/MEMORY.md)
     Knob("GUARD", "bool", "1", group="memory",
-         why="1 starts the memory guard next to vLLM: it stops vLLM (SIGTERM, then SIGKILL) "
-             "before low memory or heavy swapping takes the host down; 0 disables it."),
+         why="1 starts the memory guard next to vLLM: it stops vLLM at once (no drain: the "
+             "engine SIGKILLed, the API server SIGTERMed) before low memory or heavy swapping "
+             "takes the host down; 0 disables it."),
     Knob("GUARD_FLOOR_GB", "float", "", minimum=0.5, maximum=64, group="memory",
          empty_ok=True,
          why="The guard stops vLLM when MemAvailable falls below this many GiB; empty means "
