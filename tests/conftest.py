@@ -7,10 +7,10 @@ two vLLM CPU servers that every test able to share a server uses, each started o
 
 Both run eager (support/cpu_launch.py, EAGER).
 
-Each is stopped with SIGTERM at the end and must be gone within 30 s (what `docker stop`
-allows). A test that stops `second_server` on purpose must come after the tests that read it
-(tests/e2e/test_stress_server.py runs after the others); if it does not, the next user gets a
-fresh one."""
+Each is stopped with SIGTERM at the end and must be gone within compose's stop grace (what
+`docker stop` allows). A test that stops `second_server` on purpose must come after the tests
+that read it (tests/e2e/test_stress_server.py runs after the others); if it does not, the next
+user gets a fresh one."""
 
 from __future__ import annotations
 

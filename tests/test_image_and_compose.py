@@ -15,7 +15,7 @@ import pytest
 
 from sparkserve import data_tables
 from sparkserve.knob_docs import sync
-from sparkserve.knobs import KNOBS
+from sparkserve.knobs import BY_NAME, KNOBS, stop_grace_s
 from sparkserve.versions import read_versions
 
 REPO = Path(__file__).resolve().parents[1]
@@ -140,6 +140,30 @@ def test_compose_resources_limits_and_safety(project: Path) -> None:
     health = service["healthcheck"]
     assert "/health" in " ".join(health["test"])
     assert health["start_period"] in ("30m0s", "1800s")
+
+
+def compose_seconds(duration: str) -> float:
+    """A duration as `docker compose config` writes it ('2m15s', '30s') in seconds."""
+    found = re.fullmatch(r"(?:(\d+)m)?(?:(\d+)s)?", duration)
+    assert found and duration, duration
+    return 60 * int(found.group(1) or 0) + int(found.group(2) or 0)
+
+
+def test_every_server_gets_a_stop_grace_above_the_longest_drain(project: Path) -> None:
+    """Docker SIGKILLs a container after its stop grace: every server's grace comes from the one
+    generated anchor and exceeds SHUTDOWN_TIMEOUT_S's maximum, so no allowed drain is cut."""
+    longest = BY_NAME["SHUTDOWN_TIMEOUT_S"].maximum or 0
+    assert stop_grace_s() >= longest + 10
+    profiles = ("mtp", "cpu", "cluster-head", "cluster-worker")
+    config = compose_config(project, None, *[a for p in profiles for a in ("--profile", p)])
+    servers = {name: service for name, service in config["services"].items()
+               if str(service.get("entrypoint", [""])[0]).endswith("serve.sh")}  # fmt: skip
+    assert len(servers) == 5, sorted(servers)
+    for name, service in servers.items():
+        assert compose_seconds(service["stop_grace_period"]) == stop_grace_s(), name
+    for name, service in config["services"].items():
+        if name not in servers:  # the fetch services hold no requests
+            assert "stop_grace_period" not in service, name
 
 
 def test_compose_cache_follows_hf_home_and_can_be_a_host_folder(project: Path) -> None:

@@ -36,7 +36,7 @@ FLAGS: dict[str, str] = {
     "PORT": "--port", "GPU_MEM": "--gpu-memory-utilization", "MAX_MODEL_LEN": "--max-model-len",
     "MAX_NUM_SEQS": "--max-num-seqs", "MAX_BATCHED_TOKENS": "--max-num-batched-tokens",
     "LOAD_FORMAT": "--load-format", "TOOL_PARSER": "--tool-call-parser",
-    "REASONING_PARSER": "--reasoning-parser",
+    "REASONING_PARSER": "--reasoning-parser", "SHUTDOWN_TIMEOUT_S": "--shutdown-timeout",
 }  # fmt: skip
 ENV: dict[str, str] = {
     "VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS": "VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS",
@@ -58,7 +58,7 @@ OTHER = {
     "VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS": "1", "SPARK_KEEP_BF16_LMHEAD": "1",
     "SPARK_LMHEAD_CALIBRATE": "off", "HF_HOME": "/cache", "API_KEY": "k3y",
     "NUM_SPEC_TOKENS": "4", "DRAFT_MODEL": "org/other-drafter",
-    "DRAFT_ATTENTION_BACKEND": "FLEX_ATTENTION",
+    "DRAFT_ATTENTION_BACKEND": "FLEX_ATTENTION", "SHUTDOWN_TIMEOUT_S": "20",
 }  # fmt: skip
 MODES = ("unset", "default", "other")
 
@@ -169,6 +169,15 @@ def test_the_mamba_align_flag_follows_the_targets_own_config(
         assert target_is_hybrid(hybrid) == (True, "")
         argv = vllm_command(hybrid, version, hybrid=True).argv
         assert ("--mamba-cache-mode" in argv) is (version == "0.32.0"), (image, version)
+
+
+def test_a_stop_drains_behind_the_refusing_middleware_or_aborts_at_zero() -> None:
+    drains = vllm_command(resolve_settings({}, "dflash"), "0.32.0", hybrid=True).argv
+    assert value(list(drains), "--shutdown-timeout") == BY_NAME["SHUTDOWN_TIMEOUT_S"].default
+    assert value(list(drains), "--middleware") == "sparkserve.draining.RefuseWhileDraining"
+    aborts = vllm_command(resolve_settings({"SHUTDOWN_TIMEOUT_S": "0"}, "mtp"), "0.33.0",
+                          hybrid=True).argv  # fmt: skip
+    assert value(list(aborts), "--shutdown-timeout") == "0" and "--middleware" not in aborts
 
 
 # ---------------------------------------------------------------- through the real compose

@@ -1,9 +1,13 @@
-"""Stopping a node's process tree: SIGTERM first, SIGKILL for what hangs, /dev/shm cleaned."""
+"""The emergency stop of a vLLM tree (the memory guard's, the pair watch's): what is below the
+top killed at once (no drain), the top SIGTERMed and SIGKILLed if it hangs, /dev/shm cleaned,
+sparkserve's own watchers left to exit by themselves."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -34,7 +38,10 @@ def test_a_tree_that_ignores_sigterm_is_killed_and_its_shared_memory_removed() -
         assert segment.exists()
         tree = Tree(top.pid)
         how = stop(tree, grace_s=0.5)
-        assert how.startswith("SIGKILL to 2 process(es) after a 0.5 s grace; removed 1 file(s)")
+        assert how == (
+            "SIGKILL to 1 process(es) below the top at once (no drain); SIGKILL to 1 "
+            "process(es) after a 0.5 s grace; removed 1 file(s) they had in /dev/shm"
+        )
         assert not segment.exists()
         assert top.wait(timeout=5) == -9
         assert not tree.alive()
@@ -47,7 +54,7 @@ def test_a_tree_that_ignores_sigterm_is_killed_and_its_shared_memory_removed() -
 def test_a_polite_tree_ends_with_sigterm_alone() -> None:
     top = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)"])
     try:
-        assert stop(Tree(top.pid), grace_s=5) == "exited after SIGTERM"
+        assert stop(Tree(top.pid), grace_s=5) == "the top exited after SIGTERM"
         assert top.wait(timeout=5) == -15
     finally:
         top.kill()
@@ -56,3 +63,73 @@ def test_a_polite_tree_ends_with_sigterm_alone() -> None:
 @pytest.mark.parametrize("pid", [2**22 + 7])
 def test_a_gone_process_is_already_gone(pid: int) -> None:
     assert stop(Tree(pid), grace_s=1) == "already gone"
+
+
+# vLLM with --shutdown-timeout, as it takes a SIGTERM: the top (its API server) waits for its
+# child (the engine), which goes on "generating" for the drain's length and ignores SIGTERM.
+DRAINING = """
+import signal, subprocess, sys, time
+engine = subprocess.Popen([sys.executable, "-c",
+    "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(60)"])
+def drain(*_):
+    engine.wait()  # the requests in flight first, for up to 60 s
+    sys.exit(0)
+signal.signal(signal.SIGTERM, drain)
+print(engine.pid, flush=True)
+time.sleep(300)
+"""
+
+
+def test_a_draining_tree_is_stopped_without_waiting_for_its_drain() -> None:
+    top = subprocess.Popen([sys.executable, "-c", DRAINING], stdout=subprocess.PIPE, text=True)
+    assert top.stdout is not None
+    engine = int(top.stdout.readline())
+    try:
+        tree = Tree(top.pid)
+        how = stop(tree, grace_s=30)
+        # the engine went first: the top then had nothing to wait for, long before the grace
+        assert how == (
+            "SIGKILL to 1 process(es) below the top at once (no drain); the top exited after "
+            "SIGTERM"
+        )
+        assert top.wait(timeout=5) == 0
+        assert not tree.alive()
+    finally:
+        top.kill()
+        subprocess.run(["kill", "-9", str(engine)], capture_output=True)
+
+
+def test_the_guard_beside_vllm_is_spared_and_exits_by_itself(tmp_path: Path) -> None:
+    """A stop by the pair watch leaves the memory guard (a child of vLLM, as the launcher starts
+    it) alone: it sees vLLM gone and says so in its metrics file, instead of a SIGKILLed guard's
+    `watching 1` for ever."""
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
+    guard = (
+        f"{sys.executable} -m sparkserve.guard --pid $$ --floor-gb 0.5 --os-reserve-gb 4 "
+        f"--swap-mb-s 0 --psi-full-pct 0 --textfile-dir {tmp_path} & "
+        "exec python3 -c 'import time; time.sleep(300)'"
+    )
+    # the shell becomes the top (vLLM after the launcher's exec), the guard its child
+    top = subprocess.Popen(["sh", "-c", guard], env=env)
+    prom = tmp_path / "guard.prom"
+    try:
+        deadline = time.monotonic() + 60
+        while "sparkserve_guard_watching 1" not in _read(prom):
+            assert time.monotonic() < deadline, "the guard never started watching"
+            time.sleep(0.1)
+        tree = Tree(top.pid)
+        assert len(tree.watchers) == 1 and not tree.below()
+        assert stop(tree, grace_s=5) == "the top exited after SIGTERM"
+        while "sparkserve_guard_watching 0" not in _read(prom):
+            assert time.monotonic() < deadline + 30, _read(prom)
+            time.sleep(0.1)
+    finally:
+        top.kill()
+        top.wait()
+
+
+def _read(path: Path) -> str:
+    try:
+        return path.read_text()
+    except FileNotFoundError:
+        return ""

@@ -11,8 +11,8 @@ MemAvailable falls below the floor, swap-out runs faster than the limit or memor
 1. logs why, with the numbers, on stderr (the container's log);
 2. writes a marker (JSON) to the model-cache volume, which the launcher reads on its next
    start and refuses to start until the user sets GUARD_RESUME=1 (docs/MEMORY.md);
-3. stops vLLM (sparkserve.stopping): SIGTERM, and SIGKILL to its whole process tree after a
-   grace period.
+3. stops vLLM at once, never letting it drain (sparkserve.stopping): SIGKILL below its API
+   server, SIGTERM to the API server, SIGKILL to it after a grace period.
 
 With --textfile-dir it also keeps its state in a Prometheus text file there (guard_textfile.py)
 for node-exporter's textfile collector.

@@ -13,7 +13,7 @@ import re
 from collections.abc import Callable
 from pathlib import Path
 
-from sparkserve.knobs import GROUP_TITLES, KNOBS, Knob
+from sparkserve.knobs import GROUP_TITLES, KNOBS, STOP_MARGIN_S, Knob, stop_grace_s
 
 
 def render_compose(indent: str) -> list[str]:
@@ -70,8 +70,19 @@ def render_markdown(indent: str) -> list[str]:
     return [indent + line if line else line for line in lines[:-1]]
 
 
+def render_stop_grace(indent: str) -> list[str]:
+    """Compose's stop grace of every server, one anchor the services take it from: the longest
+    drain SHUTDOWN_TIMEOUT_S allows plus the teardown after it (knobs.stop_grace_s)."""
+    return [
+        f"{indent}# SHUTDOWN_TIMEOUT_S's maximum + {STOP_MARGIN_S} s for vLLM's teardown: "
+        "Docker SIGKILLs after it",
+        f"{indent}x-stop-grace: &stop-grace {stop_grace_s()}s",
+    ]
+
+
 TARGETS: list[tuple[str, str, Callable[[str], list[str]]]] = [
     ("docker-compose.yml", "knobs", render_compose),
+    ("docker-compose.yml", "stop-grace", render_stop_grace),
     (".env.example", "knobs", render_env_example),
     ("docs/KNOBS.md", "knobs", render_markdown),
     ("README.md", "knobs", render_markdown),

@@ -1,12 +1,21 @@
-"""Stop vLLM and everything it started, even when part of it hangs.
+"""Stop vLLM and everything it started at once, even when part of it hangs.
 
-vLLM's processes form a tree (API server, engine core, workers). A rank may sit in a
-collective that never returns (its peer is gone) and ignore SIGTERM, and a tree killed with
-SIGKILL leaves its shared-memory rings (/dev/shm/psm_*, Python's SharedMemory names) behind.
-So: SIGTERM the top, wait for the whole tree up to a grace, SIGKILL what is left (the tree is
-collected before any signal, plus whatever was seen below it earlier, since a child whose
-parent died is no longer found below it), then remove the /dev/shm files the killed
-processes had open. The memory guard and the pair watch both stop vLLM this way.
+This is the emergency stop of the memory guard and the pair watch: it never lets vLLM drain.
+A SIGTERM alone would: with --shutdown-timeout (SHUTDOWN_TIMEOUT_S) vLLM's API server and its
+engine both take SIGTERM and SIGINT alike as "finish the requests in flight first", and ignore a
+second signal while they drain (vLLM 0.32 and 0.33: entrypoints/launchers/launcher.py and
+v1/engine/core.py), so streams would go on generating, and holding memory, for up to that long.
+
+vLLM's processes form a tree (API server at the top, engine core and workers below it). A rank
+may sit in a collective that never returns (its peer is gone), and a tree killed with SIGKILL
+leaves its shared-memory rings (/dev/shm/psm_*, Python's SharedMemory names) behind. So: SIGKILL
+every process below the top at once (the model, its memory and every request in flight go with
+the engine), SIGTERM the top (the API server, which then has nothing to drain: it fails the
+open streams and exits), SIGKILL it too if it is still there after a grace, then remove the
+/dev/shm files the killed processes had open. The tree is collected before any signal, plus
+whatever was seen below it earlier, since a child whose parent died is no longer found below
+it. sparkserve's own watchers (the guard, the pair watch) are no part of it: started beside
+vLLM, they exit by themselves when it does, after saying why.
 """
 
 from __future__ import annotations
@@ -21,6 +30,8 @@ from pathlib import Path
 import psutil
 
 SHM = "/dev/shm/"
+# Modules of sparkserve's watchers that the launchers start beside vLLM (as its children).
+WATCHERS = ("sparkserve.guard", "sparkserve.cluster.watch")
 
 
 class Tree:
@@ -33,6 +44,7 @@ class Tree:
         except psutil.Error:
             self.top = None
         self.seen: dict[int, psutil.Process] = {}
+        self.watchers: set[int] = set()  # this process, and sparkserve's other watchers
         self.refresh()
 
     def refresh(self) -> None:
@@ -43,8 +55,11 @@ class Tree:
         ours = {os.getpid(), os.getppid()}
         with contextlib.suppress(psutil.Error):
             for child in self.top.children(recursive=True):
-                if child.pid not in ours:
-                    self.seen[child.pid] = child
+                if child.pid not in self.seen and child.pid not in self.watchers:
+                    if child.pid in ours or _is_watcher(child):
+                        self.watchers.add(child.pid)
+                    else:
+                        self.seen[child.pid] = child
 
     def top_alive(self) -> bool:
         return self.top is not None and _running(self.top)
@@ -53,6 +68,18 @@ class Tree:
         self.refresh()
         members = [self.top] if self.top is not None else []
         return [proc for proc in [*members, *self.seen.values()] if _running(proc)]
+
+    def below(self) -> list[psutil.Process]:
+        """The tree's running processes but the top."""
+        return [proc for proc in self.alive() if proc is not self.top]
+
+
+def _is_watcher(proc: psutil.Process) -> bool:
+    try:
+        words = proc.cmdline()
+    except psutil.Error:
+        return False
+    return any(words[i : i + 2] == ["-m", module] for module in WATCHERS for i in range(len(words)))
 
 
 def _running(proc: psutil.Process) -> bool:
@@ -87,29 +114,43 @@ def shm_files(procs: Iterable[psutil.Process]) -> set[Path]:
     return found
 
 
+def kill(procs: list[psutil.Process]) -> set[Path]:
+    """SIGKILL them and wait until they are gone; returns the /dev/shm files they had."""
+    files = shm_files(procs)
+    for proc in procs:
+        with contextlib.suppress(psutil.Error):
+            proc.send_signal(signal.SIGKILL)
+    wait_gone(procs, 5.0)
+    return files
+
+
 def stop(tree: Tree, grace_s: float) -> str:
-    """SIGTERM the top, SIGKILL the tree after `grace_s`; returns what happened, in words."""
+    """SIGKILL below the top at once, SIGTERM the top, SIGKILL it after `grace_s`; returns
+    what happened, in words."""
     procs = tree.alive()
     if not procs:
         return "already gone"
-    if tree.top is not None and tree.top in procs:
+    said: list[str] = []
+    below = tree.below()
+    files = kill(below) if below else set()
+    if below:
+        said.append(f"SIGKILL to {len(below)} process(es) below the top at once (no drain)")
+    top = tree.top if tree.top is not None and tree.top in procs else None
+    if top is not None:
         with contextlib.suppress(psutil.Error):
-            tree.top.send_signal(signal.SIGTERM)
-    wait_gone(procs, grace_s)
-    left = tree.alive()
-    if not left:
-        return "exited after SIGTERM"
-    files = shm_files(left)
-    for proc in left:
-        with contextlib.suppress(psutil.Error):
-            proc.send_signal(signal.SIGKILL)
-    wait_gone(left, 5.0)
+            top.send_signal(signal.SIGTERM)
+        wait_gone([top], grace_s)
+    left = tree.alive()  # the top, and anything it started meanwhile
+    if left:
+        files |= kill(left)
+        said.append(f"SIGKILL to {len(left)} process(es) after a {grace_s:g} s grace")
+    elif top is not None:
+        said.append("the top exited after SIGTERM")
     removed = 0
     for path in files:
         with contextlib.suppress(FileNotFoundError):
             path.unlink()
             removed += 1
-    return (
-        f"SIGKILL to {len(left)} process(es) after a {grace_s:g} s grace; removed {removed} "
-        "file(s) they had in /dev/shm"
-    )
+    if removed:
+        said.append(f"removed {removed} file(s) they had in /dev/shm")
+    return "; ".join(said)

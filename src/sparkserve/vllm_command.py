@@ -19,6 +19,7 @@ from sparkserve.shell import shell_quote
 from sparkserve.workarounds import WORKAROUNDS
 
 SECRET_ENV = ("VLLM_API_KEY", "HF_TOKEN")
+DRAIN_MIDDLEWARE = "sparkserve.draining.RefuseWhileDraining"
 
 
 @dataclass(frozen=True)
@@ -72,6 +73,20 @@ def cluster_args(settings: Settings, join_timeout_s: int) -> list[str]:
         args += ["--tensor-parallel-size", "2"]
     if settings.integer("CLUSTER_RANK") == 1:
         args.append("--headless")
+    return args
+
+
+def drain_args(settings: Settings) -> list[str]:
+    """How a SIGTERM stops vLLM: the requests in flight get SHUTDOWN_TIMEOUT_S to finish (0:
+    aborted at once), new ones HTTP 503 meanwhile (sparkserve.draining). Every release the
+    project runs has both options, so no release gates them: --shutdown-timeout in
+    engine/arg_utils.py (0.27.1: line 1643; 0.32: 1902; 0.33: 1941), --middleware in
+    entrypoints/openai/cli_args.py (0.27.1: line 301) and entrypoints/launchers/cli_args.py
+    (0.32: 351; 0.33: 361)."""
+    timeout = settings["SHUTDOWN_TIMEOUT_S"]
+    args = ["--shutdown-timeout", timeout]
+    if int(timeout) > 0:
+        args += ["--middleware", DRAIN_MIDDLEWARE]
     return args
 
 
@@ -137,6 +152,7 @@ def vllm_command(
         argv += ["--enable-auto-tool-choice", "--tool-call-parser", settings["TOOL_PARSER"]]
     if settings["REASONING_PARSER"]:
         argv += ["--reasoning-parser", settings["REASONING_PARSER"]]
+    argv += drain_args(settings)
     notes: list[str] = []
     speculative_fields: dict[str, object] = {}
     for workaround in WORKAROUNDS:

@@ -45,6 +45,10 @@ sparkserve-cpu` as a user types it:
      0.32 keeps its HTTP server up while the stream's connection is open, so Docker's SIGKILL
      at the grace ends it), the stream ends (drained or cut: the test holds either way)
      without hanging; `down` keeps the model volume, `down -v` removes it.
+  8b. drain on stop (the plain model, SHUTDOWN_TIMEOUT_S=8): across `docker compose stop` a
+     stream shorter than the drain finishes normally, a request during the drain gets HTTP 503,
+     a stream longer than the drain ends with an error event, and the container exits by
+     itself within compose's stop grace; each timed.
 
 What Docker here shows about a Spark, and what it cannot:
   - shown: Compose v2's own semantics on this compose file (the fetch gate, healthcheck
@@ -74,6 +78,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -94,11 +99,12 @@ from support.compose_project import (
     install_shims,
     never_started,
     place_in_hf_cache,
-
     reboot_docker_engine,
 )
 from support.cpu_launch import UNPINNED
 from support.promises import STOP_GRACE_S
+from support.sse_stream import Stream as SseStream
+from support.sse_stream import post
 from support.vllm_server import metric_sum, parse_metrics
 
 SERVICE = "sparkserve-cpu"
@@ -158,6 +164,7 @@ def project(
         # tokenizer carries the tokens they look for.
         TOOL_PARSER="qwen3_xml", REASONING_PARSER="qwen3",
         HF_OFFLINE="1", API_KEY=API_KEY, OS_RESERVE_GB="4",
+        SHUTDOWN_TIMEOUT_S="8",  # every stop here drains briefly: test 8b is about the drain
     )  # fmt: skip
     project.remove()
     hub = project.volume_path("hf-cache") / "hub"
@@ -664,6 +671,99 @@ def test_8_a_daemon_restart_brings_a_running_server_back_and_not_a_stopped_one(
     state = refusing.state(SERVICE)
     assert state["Status"] == "exited" and not state["Running"], state
     assert refusing.logs(SERVICE) == stopped_log, "the stopped server never started again"
+
+
+# ---------------------------------------------------------------- 8b. drain on stop
+
+DRAIN_S = 8  # SHUTDOWN_TIMEOUT_S for this test: short, so that it costs little
+DRAIN_TIMINGS: dict[str, float] = {}
+
+
+def tokens_per_s(port: int) -> float:
+    """This container's decode speed for one stream now (the stream lengths follow it)."""
+    probe = SseStream(port, API_KEY, "tiny", 200)
+    started = time.monotonic()
+    probe.run()
+    assert probe.result.finished_normally, probe.result
+    return probe.result.chunks / (time.monotonic() - started)
+
+
+def refused_during_drain(port: int, deadline_s: float) -> tuple[int, dict[str, str], bytes]:
+    """A new request once the drain began: vLLM's API server still answers, until it exits."""
+    deadline = time.monotonic() + deadline_s
+    while True:
+        status, headers, body = post(
+            port, API_KEY, "/v1/completions", {"model": "tiny", "prompt": "hi", "max_tokens": 4}
+        )
+        if status != 200 or time.monotonic() > deadline:
+            return status, headers, body
+        time.sleep(0.2)  # the stop's SIGTERM has not reached vLLM yet
+
+
+def test_8b_drain_a_stop_finishes_short_streams_refuses_new_ones_and_ends_long_ones(
+    project: ComposeProject,
+) -> None:
+    project.write_env(MODEL=PLAIN_REPO, GUARD_RESUME="0", GUARD_FLOOR_GB="",
+                      EXTRA_ARGS="--enforce-eager", MAX_MODEL_LEN="8192",
+                      SHUTDOWN_TIMEOUT_S=str(DRAIN_S))  # fmt: skip
+    project.unset_env("DRAFT_MODEL", "NUM_SPEC_TOKENS", "TOOL_PARSER", "REASONING_PARSER")
+    project.up(SERVICE, wait_s=HEALTHY_TIMEOUT_S)
+    port = port_of(project)
+    rate = tokens_per_s(port)
+    # short: about 3.5 s of decoding alone, so that it is still running when the stop's SIGTERM
+    # reaches vLLM (1-3 s after `compose stop` began here) and ends well inside the drain;
+    # long: about 20 s, well past it
+    short = SseStream(port, API_KEY, "tiny", max(16, int(rate * 3.5)))
+    long = SseStream(port, API_KEY, "tiny", min(8000, max(int(rate * 20), 2000)))
+    for stream in (short, long):
+        stream.start()
+    deadline = time.monotonic() + 60
+    while short.result.first_chunk_at is None or long.result.first_chunk_at is None:
+        assert time.monotonic() < deadline, (short.result, long.result)
+        time.sleep(0.05)
+    stopped_at = time.monotonic()
+    stop = threading.Thread(target=project.compose, args=("stop", SERVICE),
+                            kwargs={"timeout": STOP_GRACE_S + 60})  # fmt: skip
+    stop.start()
+    status, headers, body = refused_during_drain(port, 10)
+    refused_at = time.monotonic()
+    stop.join()
+    stop_s = time.monotonic() - stopped_at
+    short.join(30)
+    long.join(30)
+
+    DRAIN_TIMINGS.update(
+        tokens_per_s=round(rate), short_tokens=short.max_tokens, long_tokens=long.max_tokens,
+        compose_stop_s=round(stop_s, 2), refused_after_s=round(refused_at - stopped_at, 2),
+        short_end_after_stop_s=round((short.result.ended_at or 0) - stopped_at, 2),
+        long_end_after_stop_s=round((long.result.ended_at or 0) - stopped_at, 2),
+        long_chunks=long.result.chunks,
+    )  # fmt: skip
+    print(f"\ndrain timings: {json.dumps(DRAIN_TIMINGS)}")
+    log = project.logs(SERVICE)
+    # in flight at the stop, then a normal end inside the drain
+    assert short.result.finished_normally, (short.result, log[-4000:])
+    assert stopped_at < (short.result.ended_at or 0) < stopped_at + DRAIN_S
+    # a request during the drain: refused at once, in words, with a retry hint
+    assert status == 503, (status, body, log[-4000:])
+    assert headers.get("retry-after") and headers.get("connection") == "close", headers
+    assert "shutting down" in json.loads(body)["error"]["message"]
+    # longer than the drain: an error event at its end, never a finish_reason or a silent cut
+    assert not long.result.finished_normally and long.result.status == 200, long.result
+    assert long.result.errors and not long.result.finish_reasons, long.result
+    assert long.result.chunks < long.max_tokens
+    assert (long.result.ended_at or 0) - stopped_at >= DRAIN_S
+    # both were in flight when vLLM took the SIGTERM
+    drained = re.findall(r"draining in-flight requests count=(\d+)", log)
+    assert drained == ["2"], (drained, log[-4000:])
+    # the container exited by itself (no SIGKILL from Docker) within the stop grace
+    state = project.state(SERVICE)
+    assert state["Status"] == "exited" and state["ExitCode"] != 137, state
+    assert stop_s < STOP_GRACE_S, DRAIN_TIMINGS
+    assert not listening(port)
+    report = os.environ.get("SPARKSERVE_E2E_DRAIN_REPORT")
+    if report:  # the figures docs/FINDINGS.md quotes
+        Path(report).write_text(json.dumps(DRAIN_TIMINGS, indent=1) + "\n")
 
 
 def test_9_down_with_a_stream_open_ends_it_and_keeps_the_volume_until_down_v(

@@ -47,6 +47,8 @@ def facts(argv: list[str]) -> dict:
         "distributed_executor_backend": config.parallel_config.distributed_executor_backend,
         "distributed_timeout_seconds": config.parallel_config.distributed_timeout_seconds,
         "headless": bool(getattr(args, "headless", False)),
+        "shutdown_timeout": config.shutdown_timeout,
+        "middleware": list(getattr(args, "middleware", [])),
     }
 
 

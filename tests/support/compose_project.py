@@ -252,6 +252,7 @@ def install_shims(cpu_python: str, target: Path) -> Path:
     )  # fmt: skip
     return target
 
+
 def reboot_docker_engine() -> subprocess.CompletedProcess:
     """scripts/lib/docker_engine.sh's reboot_docker_engine: the suite's dockerd stopped and
     started again, as a host reboot does; status 3 (and one line) when this test run is not

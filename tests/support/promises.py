@@ -22,11 +22,12 @@ GUARD_RESTART_S = 5.0
 
 
 def compose_stop_grace_s() -> float:
-    """docker-compose.yml's stop_grace_period of the serving service: `docker stop` (and
-    `compose down`) SIGKILL vLLM after it, so a SIGTERM stop must end within it."""
+    """docker-compose.yml's stop_grace_period of the servers (one anchor, generated from
+    SHUTDOWN_TIMEOUT_S's maximum): `docker stop` (and `compose down`) SIGKILL vLLM after it,
+    so a SIGTERM stop, its drain included, must end within it."""
     text = (REPO / "docker-compose.yml").read_text()
-    found = re.search(r"^\s*stop_grace_period:\s*(\d+)s\b", text, re.MULTILINE)
-    assert found, "docker-compose.yml has no stop_grace_period"
+    found = re.search(r"^x-stop-grace: &stop-grace (\d+)s$", text, re.MULTILINE)
+    assert found, "docker-compose.yml has no x-stop-grace anchor"
     return float(found.group(1))
 
 

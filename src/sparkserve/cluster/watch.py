@@ -11,7 +11,8 @@ watching its own PID (vLLM's after the exec), and execs vLLM only once the pair 
 - Joined, both send a beat with their host's memory every wire.BEAT_S. A peer silent for
   --peer-timeout-s, a bye, a closed connection, this node's vLLM gone or this watch stopped:
   one line naming the node that failed and why, a bye to the peer if it can still hear it,
-  this node's vLLM stopped (stopping.stop: SIGTERM, SIGKILL of its tree after --grace-s),
+  this node's vLLM stopped at once (stopping.stop: no drain; SIGKILL below its API server,
+  SIGTERM to it, SIGKILL to it after --grace-s),
   exit EXIT_STOPPED.
 - The head answers `probe` with `about` (both nodes' latest memory) at any time.
 - The state file (JSON) says where the watch is; the launcher waits for "joined" in it and
