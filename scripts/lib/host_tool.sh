@@ -97,15 +97,17 @@ run_in_container() {
   "${compose[@]}" exec "${tty[@]}" "${service}" sparkserve "${tool}" --out "${inside}" "$@" \
     || rc=$?
   trap - INT
-  # What the tool wrote (also after a failed or interrupted run), copied out, then removed.
-  if "${compose[@]}" exec -T "${service}" test -d "${inside}" 2>/dev/null; then
+  # What the tool wrote (also after a failed or interrupted run), moved out in one exec.
+  local archive
+  archive="$(mktemp)"
+  # shellcheck disable=SC2016 # expanded by the container's sh
+  if "${compose[@]}" exec -T "${service}" sh -c \
+    'test -d "$1" || exit 3; tar -C "$1" -cf - . && rm -rf "$1"' sh "${inside}" >"${archive}"; then
     mkdir -p "${out}"
-    local copied
-    copied="$("${compose[@]}" cp "${service}:${inside}/." "${out}" 2>&1)" \
-      || host_tool_die "${tool}: could not copy ${service}:${inside} to ${out}: ${copied}"
-    "${compose[@]}" exec -T "${service}" rm -rf "${inside}" || true
+    tar -C "${out}" -xf "${archive}" || host_tool_die "${tool}: could not unpack into ${out}"
     printf '[%s] results in %s/\n' "${tool}" "${out}" >&2
   fi
+  rm -f "${archive}"
   ((interrupted == 0 || rc != 0)) || rc=130
   exit "${rc}"
 }
