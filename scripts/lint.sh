@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Lint everything: ruff (Python), shellcheck (shell), hadolint (Dockerfile).
-# Expects ruff, shellcheck and hadolint on PATH (scripts/test.sh puts its venv there).
+# Lint everything: ruff (Python), shellcheck (shell), hadolint (Dockerfile), compose-lint
+# (docker-compose.yml's security). Expects ruff, shellcheck and hadolint on PATH and
+# compose-lint at $COMPOSE_LINT or on PATH (scripts/test.sh sets both up).
 set -euo pipefail
 
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -16,4 +17,11 @@ shellcheck --external-sources "${shell_files[@]}"
 if [[ -f Dockerfile ]]; then
   hadolint Dockerfile
 fi
-printf '[lint] ruff, shellcheck (%d files), hadolint: clean\n' "${#shell_files[@]}"
+# The committed file alone (--no-env: no local .env changes the verdict); every finding is
+# fixed or accepted with its reason in .compose-lint.yml, down to the lowest severity.
+if ! compose_lint="$("${COMPOSE_LINT:-compose-lint}" check --quiet --no-env --strict-config \
+  --fail-on low --skip-suppressed docker-compose.yml 2>&1)"; then
+  printf '%s\n' "${compose_lint}" >&2
+  exit 1
+fi
+printf '[lint] ruff, shellcheck (%d files), hadolint, compose-lint: clean\n' "${#shell_files[@]}"

@@ -7,11 +7,8 @@
 set -euo pipefail
 
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-PYTHON="${PYTHON:-python3}"
-# The checkout's own package when run from one; the installed package (the image) otherwise.
-if [[ -d "${REPO}/src/sparkserve" ]]; then
-  export PYTHONPATH="${REPO}/src${PYTHONPATH:+:${PYTHONPATH}}"
-fi
-# Knobs (PORT, API_KEY, OS_RESERVE_GB, ...) from the checkout's .env, as compose reads them;
-# the environment and a later --env-file win.
-exec "${PYTHON}" -m sparkserve stress --env-file "${SPARKSERVE_ENV_FILE:-${REPO}/.env}" "$@"
+# In the running server's container (its settings, nothing to install here), else on the
+# host's Python; results in --out or results/ (scripts/lib/host_tool.sh says how it chooses).
+# shellcheck source=scripts/lib/host_tool.sh
+source "${REPO}/scripts/lib/host_tool.sh"
+run_host_tool stress "$@"

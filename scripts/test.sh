@@ -43,6 +43,13 @@ export SPARKSERVE_CPU_PYTHON="${cpu}/bin/python"
 hub_mirror="$(ensure_venv hub-mirror "${PYTHON}" install_hub_mirror_venv \
   "${REPO}/requirements/test-hub-mirror.txt" "${REPO}/scripts/lib/hub_mirror_venv.sh")"
 export SPARKSERVE_OLAH="${hub_mirror}/bin/olah-cli"
+# compose-lint for scripts/lint.sh; not on PATH (its python must not shadow the test venv's).
+install_lint_venv() {
+  "$1/bin/python" -m pip install --quiet --disable-pip-version-check \
+    -r "${REPO}/requirements/lint.txt"
+}
+lint_venv="$(ensure_venv lint "${PYTHON}" install_lint_venv "${REPO}/requirements/lint.txt")"
+export COMPOSE_LINT="${lint_venv}/bin/compose-lint"
 SPARKSERVE_VLLM_BUGGY_SRC="$(ensure_vllm_source "${VLLM_BUGGY_VERSION}")"
 export SPARKSERVE_VLLM_BUGGY_SRC
 export VLLM_TARGET_DEVICE=cpu

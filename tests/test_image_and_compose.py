@@ -104,7 +104,15 @@ def test_compose_default_service_passes_every_knob_only_when_set(project: Path) 
     assert fetch["environment"] == service["environment"]
     assert fetch["volumes"] == service["volumes"] and fetch["restart"] == "no"
     assert not fetch.get("ports") and not fetch.get("healthcheck")
-    assert not fetch.get("deploy", {}).get("resources"), "the download needs no GPU"
+    assert not {"deploy", "ipc", "ulimits"} & set(fetch), "the download needs no GPU"
+    for name in ("sparkserve", "sparkserve-fetch"):
+        assert_hardened(config["services"][name], ["DAC_OVERRIDE"])
+
+
+def assert_hardened(service: dict, cap_add: list[str]) -> None:
+    """No setuid escalation; every capability dropped but those named (.compose-lint.yml)."""
+    assert service["security_opt"] == ["no-new-privileges:true"]
+    assert service["cap_drop"] == ["ALL"] and service["cap_add"] == cap_add
 
 
 def test_compose_cpu_profile_runs_the_cpu_image_with_the_same_knobs(project: Path) -> None:
@@ -118,7 +126,13 @@ def test_compose_cpu_profile_runs_the_cpu_image_with_the_same_knobs(project: Pat
     assert service["init"] is True and service["restart"] == "unless-stopped"
     (port,) = service["ports"]
     assert port["host_ip"] == "127.0.0.1"
-    assert config["services"]["sparkserve-cpu-fetch"]["environment"] == service["environment"]
+    fetch = config["services"]["sparkserve-cpu-fetch"]
+    assert fetch["environment"] == service["environment"]
+    assert "shm_size" not in fetch and "mem_limit" not in fetch
+    # the cpu profile's knobs: weights, KV_CACHE_GB, /dev/shm in use and the runtime (compose)
+    assert int(service["mem_limit"]) == 8 * 2**30
+    for name in ("sparkserve-cpu", "sparkserve-cpu-fetch"):
+        assert_hardened(config["services"][name], ["DAC_OVERRIDE"])
 
 
 def test_compose_resources_limits_and_safety(project: Path) -> None:
@@ -226,7 +240,7 @@ def test_compose_pair_profiles_run_one_role_each_on_the_host_network(project: Pa
         assert service["network_mode"] == "host" and "ports" not in service
         (rdma,) = service["devices"]
         assert rdma["source"] == rdma["target"] == "/dev/infiniband"
-        assert service["cap_add"] == ["IPC_LOCK"]
+        assert_hardened(service, ["IPC_LOCK", "DAC_OVERRIDE"])  # RDMA pins memory
         for same in ("deploy", "ipc", "ulimits", "init", "restart", "stop_grace_period", "image"):
             assert service[same] == single[same], (role, same)
         health = service["healthcheck"]
@@ -238,7 +252,8 @@ def test_compose_pair_profiles_run_one_role_each_on_the_host_network(project: Pa
         fetch = config["services"][f"{name}-fetch"]
         assert fetch["entrypoint"][-2:] == ["--launcher", "dflash"] and fetch["restart"] == "no"
         assert fetch["profiles"] == [f"cluster-{role}"]
-        assert not fetch.get("deploy", {}).get("resources"), "the download needs no GPU"
+        assert not {"deploy", "ipc", "ulimits"} & set(fetch), "the download needs no GPU"
+        assert_hardened(fetch, ["DAC_OVERRIDE"])
     (project / ".env").write_text("BIND_ADDRESS=0.0.0.0\n")
     head = compose_config(project, None, "--profile", "cluster-head")["services"]["sparkserve-head"]
     assert head["environment"]["HOST"] == "0.0.0.0"

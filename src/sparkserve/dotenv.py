@@ -1,8 +1,9 @@
 """Read KEY=value files the way Docker Compose reads `.env` (versions.env is one too).
 
-`scripts/stress_mem.sh` and `scripts/bench.sh` run beside the container, not in it; reading the
-same `.env` as compose gives them the server's PORT, API_KEY, OS_RESERVE_GB and the rest
-without the user repeating them. As with compose, a variable already set in the environment
+`scripts/stress_mem.sh` and `scripts/bench.sh`, when they run a tool with the host's Python
+(`--url`, or no server under compose; otherwise they run it in the server's container), read
+the same `.env` as compose: the server's PORT, API_KEY, OS_RESERVE_GB and the rest without the
+user repeating them. As with compose, a variable already set in the environment
 wins over the file. Understood: `KEY=value`, `export KEY=value`, single or double quotes,
 blank lines, `#` comments (after unquoted values too, when preceded by a space).
 """

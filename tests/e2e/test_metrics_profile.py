@@ -33,6 +33,7 @@ REPO = Path(__file__).resolve().parents[2]
 DASHBOARD = REPO / OUTPUT
 RULE_TESTS = REPO / "tests" / "metrics" / "alerts_test.yml"
 METRICS_SERVICES = {"prometheus", "node-exporter", "grafana"}
+HOST_PATHS = {"node-exporter": ("/proc", "/sys")}  # the only host folders a service mounts
 
 
 def dashboard_queries() -> list[tuple[str, str]]:
@@ -109,12 +110,24 @@ def test_compose_metrics_profile_is_pinned_local_and_off_by_default(tmp_path: Pa
         assert service["network_mode"] == "host" and "ports" not in service
         listen = " ".join(service.get("command") or []) + json.dumps(service.get("environment"))
         assert "127.0.0.1" in listen and "0.0.0.0" not in listen, name
+        assert service["cap_drop"] == ["ALL"] and "cap_add" not in service, name
+        assert service["security_opt"] == ["no-new-privileges:true"], name
+        assert int(service["mem_limit"]) > 0 and float(service["cpus"]) > 0, name
         for volume in service["volumes"]:
             source = volume["source"]
-            if volume["type"] == "bind" and source != "/":
-                assert volume["read_only"], f"{name}: mount {source} read-only"
+            if volume["type"] != "bind":
+                continue
+            assert volume["read_only"], f"{name}: mount {source} read-only"
+            if source not in HOST_PATHS.get(name, ()):
                 repo_path = Path(source).relative_to(tmp_path)
                 assert (REPO / repo_path).exists(), f"{name} mounts a missing {repo_path}"
+    # node-exporter reads the host's /proc and /sys, never its root (the Docker socket)
+    binds = {v["source"] for v in services["node-exporter"]["volumes"] if v["type"] == "bind"}
+    assert binds == set(HOST_PATHS["node-exporter"])
+    assert "pid" not in services["node-exporter"]
+    grafana = services["grafana"]["environment"]
+    assert grafana["GF_AUTH_DISABLE_LOGIN_FORM"] == "true", "no login with the default password"
+    assert grafana["GF_AUTH_BASIC_ENABLED"] == "false", "nor through the API"
 
 
 # ---------------------------------------------------------------- Prometheus for real

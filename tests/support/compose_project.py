@@ -77,15 +77,29 @@ class ComposeProject:
             self.env.pop(name, None)
         self.write_env()
 
-    def compose(
-        self, *args: str, timeout: float = 300, check: bool = True
-    ) -> subprocess.CompletedProcess:
-        files = ["-f", str(REPO / "docker-compose.yml")]
+    def files(self) -> list[Path]:
+        files = [REPO / "docker-compose.yml"]
         override = self.with_suite_image(self.override or {})
         if override:
             path = self.work / "compose.test.yml"
             path.write_text(yaml.safe_dump(override))
-            files += ["-f", str(path)]
+            files.append(path)
+        return files
+
+    def compose_env(self) -> dict[str, str]:
+        """Compose's own variables naming this project, for a plain `docker compose` that a
+        script of the repository runs (as `-p`, `-f`, `--profile` and `--env-file` would)."""
+        return {
+            "COMPOSE_PROJECT_NAME": self.name,
+            "COMPOSE_FILE": os.pathsep.join(map(str, self.files())),
+            "COMPOSE_PROFILES": ",".join(self.profiles),
+            "COMPOSE_ENV_FILES": str(self.env_file),
+        }
+
+    def compose(
+        self, *args: str, timeout: float = 300, check: bool = True
+    ) -> subprocess.CompletedProcess:
+        files = [arg for path in self.files() for arg in ("-f", str(path))]
         profiles = [arg for p in self.profiles for arg in ("--profile", p)]
         argv = ["docker", "compose", "-p", self.name, "--env-file", str(self.env_file), *files,
                 *profiles, *args]  # fmt: skip
