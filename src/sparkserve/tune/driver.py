@@ -186,20 +186,27 @@ class ComposeDriver:
         command = [self.docker, "compose", "--project-directory", str(self.project_dir)]
         if self.env_file is not None:
             command += ["--env-file", str(self.env_file)]
-        return subprocess.run(
-            [*command, *args], capture_output=True, text=True, timeout=timeout,
-            env=dict(os.environ if env is None else env),
-        )  # fmt: skip
+        try:
+            return subprocess.run(
+                [*command, *args], capture_output=True, text=True, timeout=timeout,
+                env=dict(os.environ if env is None else env),
+            )  # fmt: skip
+        except FileNotFoundError:
+            raise UsageError(f"--driver compose: no {self.docker!r} on PATH") from None
 
     def check(self) -> None:
         done = self._compose("ps", "--format", "json", self.service)
         lines = [line for line in done.stdout.splitlines() if line.strip()]
-        if done.returncode != 0 or not lines:
+        # Compose v2 prints one JSON object a line (2.21 and later) or one array (before)
+        first = json.loads(lines[0]) if done.returncode == 0 and lines else []
+        entries = first if isinstance(first, list) else [first]
+        if not entries:
+            why = (done.stderr.strip().splitlines() or ["not running"])[-1]
             raise UsageError(
                 f"bad --service {self.service!r}: compose in {self.project_dir} runs no such "
-                f"service ({done.stderr.strip().splitlines()[-1:] or 'not running'})"
+                f"service ({why})"
             )
-        container = json.loads(lines[0]).get("ID", "")
+        container = str(entries[0].get("ID", ""))
         inspect = subprocess.run(
             [self.docker, "inspect", "--format", "{{json .Config.Env}}", container],
             capture_output=True, text=True, timeout=30,
