@@ -55,6 +55,7 @@ ONE_PROCESS = (
     "tests/e2e/test_plan_vs_servers.py::",
     "tests/e2e/test_stress_pair.py::",
     "tests/e2e/test_stress_server.py::",
+    "tests/e2e/test_tune_servers.py::",
     "tests/test_guard.py::test_a_fast_hog_is_stopped_right_after_it_crosses_the_floor",
 )
 # Modules that hold GiBs for minutes (two vLLM pairs at a time, about 3.4 GB each): the other

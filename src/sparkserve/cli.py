@@ -32,6 +32,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "sparkserve.recipes_cli",
     "sparkserve.dashboard",
     "sparkserve.cluster.cli",
+    "sparkserve.tune.cli",
 )
 
 

@@ -170,6 +170,10 @@ KNOBS: tuple[Knob, ...] = (
          why="Tokens drafted per step; 0 turns speculative decoding off. 12 suits DFlash "
              "(block size 16), 2 suits the model's single MTP layer; the cpu image's small "
              "model has no drafter."),
+    Knob("SPEC_METHOD", "choice", "", group="model", empty_ok=True, choices=("", "ngram"),
+         why="How draft tokens are proposed: empty uses the launcher's drafter (DFlash or MTP); "
+             "ngram looks them up in the prompt and the text so far (vLLM's ngram method: no "
+             "drafter model), the method `sparkserve tune draft` is tested with on the CPU."),
     Knob("DRAFT_ATTENTION_BACKEND", "choice", "", group="model", empty_ok=True,
          choices=("", "FLASH_ATTN", "FLASHINFER", "TRITON_ATTN", "FLEX_ATTENTION"),
          launchers=("dflash",),

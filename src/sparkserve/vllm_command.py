@@ -40,6 +40,12 @@ class VllmCommand:
 def speculative_config(settings: Settings, extra: dict[str, object]) -> str:
     """The --speculative-config JSON of the launcher's drafter, with the workarounds' fields."""
     config: dict[str, object]
+    if settings["SPEC_METHOD"] == "ngram":
+        # vLLM's prompt lookup: drafts follow the latest match of 2 to 4 tokens. The launcher's
+        # workaround fields concern its own drafter, so none is added.
+        config = {"method": "ngram", "prompt_lookup_min": 2, "prompt_lookup_max": 4}
+        config["num_speculative_tokens"] = settings.integer("NUM_SPEC_TOKENS")
+        return json.dumps(config, separators=(",", ":"))
     if settings.launcher == "dflash":
         config = {"method": "dflash", "model": settings["DRAFT_MODEL"]}
     else:

@@ -1,0 +1,490 @@
+"""`sparkserve tune`: find, by restarting the server with each candidate, the largest memory
+setting that passes the stress bank on this machine (`memory`) and the draft length that
+serves a workload fastest (`draft`); docs/TUNING.md.
+
+The server is restarted through compose (`--driver compose`, a deployment) or through its
+launcher (`--driver launcher --pid-file F`: a server serve.sh or mtp_serve.sh runs on this
+host, the pid its vLLM's). It must be one of sparkserve's, and it is left running with the
+value found; interrupted (Ctrl-C, SIGTERM), the tune restarts it with the starting setting
+first. The knob lines go to stdout, and into a `.env` only with --write-env.
+
+Exit status: 0 a value was found, 1 none passed (the starting setting is back), 2 bad input or
+a server that is not sparkserve's (nothing restarted), 3 a restart or run broke off, 130
+interrupted (the starting setting is back).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import datetime as dt
+import json
+import os
+import re
+import sys
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from sparkserve import __version__
+from sparkserve import command_line as cl
+from sparkserve.bench.prompts import KINDS
+from sparkserve.client.server import Server, ServerInfo
+from sparkserve.client.tool import BEFORE_LOAD_ERRORS, RunAborted, output_folder, say
+from sparkserve.dotenv import with_dotenv
+from sparkserve.guard import marker_path
+from sparkserve.knobs import BY_NAME, KnobError, Launcher
+from sparkserve.memory import checkpoint
+from sparkserve.memory.host import GIB, read_meminfo
+from sparkserve.recipes import RecipeError
+from sparkserve.settings import Settings, check_budget, check_recipe_fits, resolve_settings
+from sparkserve.tune import candidates as cand
+from sparkserve.tune import report, workload
+from sparkserve.tune.draft_loop import run_draft_loop
+from sparkserve.tune.driver import ComposeDriver, Driver, LauncherDriver, RestartFailed
+from sparkserve.tune.memory_loop import run_memory_loop, trials_as_dicts
+from sparkserve.tune.restarts import Interrupted, Restarts, estimate_line, interruptible, knob_lines
+
+PROG = "sparkserve tune"
+REPO = Path(__file__).resolve().parents[3]
+IMAGE_LAUNCHERS = Path("/opt/sparkserve")  # where the images keep serve.sh and mtp_serve.sh
+SERVICES: dict[str, Launcher] = {"sparkserve": "dflash", "sparkserve-mtp": "mtp",
+                                 "sparkserve-cpu": "dflash"}  # fmt: skip
+
+
+def _shared(parser: argparse.ArgumentParser) -> None:
+    cl.one_line_errors(parser, PROG)
+    parser.add_argument(
+        "--driver",
+        choices=("compose", "launcher"),
+        default="compose",
+        help="how the server is restarted (default compose)",
+    )
+    parser.add_argument(
+        "--service", default="sparkserve", help="compose: the server's service (default sparkserve)"
+    )
+    parser.add_argument(
+        "--project-dir",
+        type=Path,
+        default=REPO,
+        help="compose: the folder of docker-compose.yml (default this checkout)",
+    )
+    parser.add_argument(
+        "--launcher",
+        choices=("dflash", "mtp"),
+        default="dflash",
+        help="launcher: serve.sh (dflash) or mtp_serve.sh (mtp)",
+    )
+    parser.add_argument(
+        "--pid-file", type=Path, help="launcher: a file holding the running server's pid; updated"
+    )
+    parser.add_argument(
+        "--server-log",
+        type=Path,
+        help="launcher: where restarted servers log (default OUT/server.log)",
+    )
+    parser.add_argument("--url", help="the server (default http://127.0.0.1:$PORT)")
+    parser.add_argument("--model", help="served model name (default: the only one served)")
+    parser.add_argument("--out", type=Path, help="output folder (default: a new dated one)")
+    parser.add_argument(
+        "--env-file", type=Path, help="the compose .env the knobs come from; the environment wins"
+    )
+    parser.add_argument(
+        "--write-env",
+        type=Path,
+        metavar="FILE",
+        help="also write the knob line found into FILE (a compose .env)",
+    )
+    parser.add_argument(
+        "--healthy-timeout-s",
+        type=cl.ranged(float, "--healthy-timeout-s", 10),
+        default=900.0,
+        help="seconds a restart may take to be healthy (900)",
+    )
+    parser.add_argument(
+        "--restart-s",
+        type=cl.ranged(float, "--restart-s", 0),
+        default=None,
+        help="the restart time to estimate with before one is measured "
+        "(default: 60 s on the cpu image, 300 s on a Spark)",
+    )
+
+
+def add_command(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    tune = commands.add_parser(
+        "tune",
+        help="find the largest safe memory setting and the "
+        "fastest draft length by restarting the server with each",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    loops = tune.add_subparsers(dest="tune_command", metavar="LOOP", required=True)
+    memory = loops.add_parser(
+        "memory",
+        help="the largest GPU_MEM / KV_CACHE_GB that passes "
+        "the stress bank with OS_RESERVE_GB intact",
+    )
+    _shared(memory)
+    memory.add_argument(
+        "--knob",
+        choices=cand.MEMORY_KNOBS,
+        help="the pool knob (default: KV_CACHE_GB where it is set, as on the "
+        "cpu image, else GPU_MEM)",
+    )
+    memory.add_argument(
+        "--candidates",
+        help="values to try, e.g. 0.85,0.8,0.75 (default: "
+        "from the plan's largest that keeps OS_RESERVE_GB, stepping down)",
+    )
+    memory.add_argument(
+        "--count",
+        type=cl.ranged(int, "--count", 1, 20),
+        default=3,
+        help="default candidates: how many (3)",
+    )
+    memory.add_argument(
+        "--step",
+        type=cl.ranged(float, "--step", 0.01),
+        default=None,
+        help="default candidates: the step down (GPU_MEM 0.03, KV_CACHE_GB 1)",
+    )
+    memory.add_argument(
+        "--os-reserve-gb",
+        type=cl.ranged(float, "--os-reserve-gb", 0),
+        help="GiB MemAvailable must keep (default: the OS_RESERVE_GB knob)",
+    )
+    memory.add_argument("--bank", help="the stress bank's levels (default: stress's own)")
+    memory.add_argument("--gen-tokens", type=cl.ranged(int, "--gen-tokens", 1), default=2048)
+    memory.add_argument("--prompt-tokens", type=cl.ranged(int, "--prompt-tokens", 16))
+    memory.add_argument("--settle-s", type=cl.ranged(float, "--settle-s", 0), default=3.0)
+    memory.add_argument(
+        "--stress-s",
+        type=cl.ranged(float, "--stress-s", 0),
+        default=300.0,
+        help="the stress run's time to estimate with (default 300)",
+    )
+    memory.set_defaults(run=run_memory)
+    draft = loops.add_parser(
+        "draft", help="the draft length (NUM_SPEC_TOKENS) that serves a workload fastest"
+    )
+    _shared(draft)
+    draft.add_argument(
+        "--lengths", default="2,4,8", help="draft lengths to serve, 0 for none (default 2,4,8)"
+    )
+    draft.add_argument(
+        "--kinds", default=",".join(KINDS), help=f"bench's prompt kinds (default {','.join(KINDS)})"
+    )
+    draft.add_argument(
+        "--prompts-file", type=Path, help='your own prompts: JSONL, one {"prompt": "..."} a line'
+    )
+    draft.add_argument(
+        "--per-kind",
+        type=cl.ranged(int, "--per-kind", 1),
+        default=2,
+        help="prompts of each kind (default 2)",
+    )
+    draft.add_argument("--gen-tokens", type=cl.ranged(int, "--gen-tokens", 2), default=256)
+    draft.add_argument("--api", choices=("chat", "completions"), default="chat")
+    draft.add_argument(
+        "--measure-s",
+        type=cl.ranged(float, "--measure-s", 0),
+        default=None,
+        help="a length's measurement to estimate with (default: from the workload at 10 tok/s)",
+    )
+    draft.set_defaults(run=run_draft)
+
+
+def _driver(args: argparse.Namespace, env: Mapping[str, str], url: str, out: Path) -> Driver:
+    if args.driver == "launcher":
+        if args.pid_file is None:
+            raise cl.UsageError("--driver launcher needs --pid-file (the server's pid)")
+        driver: Driver = LauncherDriver(
+            args.launcher,
+            args.pid_file,
+            url,
+            args.server_log or out / "server.log",
+            _launcher_dir(),
+        )
+    else:
+        driver = ComposeDriver(args.service, url, args.project_dir, args.env_file)
+    driver.check()  # type: ignore[attr-defined]
+    return driver
+
+
+def _launcher_dir() -> Path:
+    """The checkout's launchers when run from one, the image's otherwise."""
+    return REPO if (REPO / "serve.sh").is_file() else IMAGE_LAUNCHERS
+
+
+def _launcher(args: argparse.Namespace) -> Launcher:
+    if args.driver == "compose":
+        return SERVICES.get(args.service, "dflash")
+    return args.launcher  # type: ignore[no-any-return]
+
+
+def _server_settings(knobs: Mapping[str, str], launcher: Launcher) -> Settings:
+    env = dict(knobs)
+    if "VLLM_API_KEY" in env:  # the launcher hands the key to vLLM under this name
+        env.setdefault("API_KEY", env["VLLM_API_KEY"])
+    return resolve_settings(env, launcher)
+
+
+@dataclass(frozen=True)
+class Prepared:
+    server: Server
+    info: ServerInfo
+    out: Path
+    driver: Driver
+    served: Settings
+    default_restart_s: float
+
+
+def _prepare(args: argparse.Namespace, env: Mapping[str, str], stem: str) -> Prepared:
+    settings = resolve_settings(env, _launcher(args))
+    url = args.url or f"http://127.0.0.1:{settings['PORT']}"
+    server = Server(url, settings["API_KEY"])
+    info = server.probe(args.model or None)
+    out = output_folder(args.out, stem)
+    driver = _driver(args, env, url, out)
+    served = _server_settings(driver.knobs(), _launcher(args))
+    if served.pair:
+        raise cl.UsageError("CLUSTER_NODES=2: tune restarts one server; tune a pair by hand")
+    default_restart = args.restart_s
+    if default_restart is None:
+        default_restart = 60.0 if served.image == "cpu" else 300.0
+    return Prepared(server, info, out, driver, served, default_restart)
+
+
+def _weights_bytes(settings: Settings) -> tuple[int, str]:
+    try:
+        directory = checkpoint.locate(settings["MODEL"], Path(settings["HF_HOME"]))
+        found = checkpoint.weights(directory)
+    except checkpoint.CheckpointError:
+        found = None
+    if found is None:
+        return 0, "weights not found on this host: the plan's check counts none"
+    return found.bytes, f"weights {found.bytes / GIB:.2f} GiB ({found.source})"
+
+
+def _stress(
+    args: argparse.Namespace, url: str, model: str, reserve: float, record: Path
+) -> Callable[[Path], int]:
+    def run(folder: Path) -> int:
+        from sparkserve.cli import main
+
+        argv = ["stress", "--url", url, "--model", model, "--out", str(folder),
+                "--os-reserve-gb", f"{reserve:g}", "--gen-tokens", str(args.gen_tokens),
+                "--settle-s", f"{args.settle_s:g}", "--guard-record", str(record)]  # fmt: skip
+        if args.bank:
+            argv += ["--bank", args.bank]
+        if args.prompt_tokens:
+            argv += ["--prompt-tokens", str(args.prompt_tokens)]
+        # stdout carries only the knob lines: the stress run's verdict goes to stderr
+        with contextlib.redirect_stdout(sys.stderr):
+            return main(argv)
+
+    return run
+
+
+def write_env(path: Path, changes: Mapping[str, str]) -> None:
+    """Set each knob's line in a .env (replaced where it is, appended where it is not)."""
+    lines = path.read_text().splitlines() if path.is_file() else []
+    for key, value in changes.items():
+        pattern = re.compile(rf"^\s*(export\s+)?{re.escape(key)}\s*=")
+        hits = [i for i, line in enumerate(lines) if pattern.match(line)]
+        if hits:
+            lines[hits[-1]] = f"{key}={value}"
+        else:
+            lines.append(f"{key}={value}")
+    path.write_text("\n".join(lines) + "\n")
+
+
+def _finish(
+    out: Path, stem: str, result: dict[str, Any], draw: Callable[[dict[str, Any], Path], None]
+) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    try:
+        draw(result, out / f"{stem}.png")
+    except ImportError as exc:
+        result["files"]["png"] = None
+        say(f"[tune] no plot: {exc} (install matplotlib)")
+    (out / f"{stem}.json").write_text(json.dumps(result, indent=2) + "\n")
+    say(f"[tune] wrote {out}/" + ", ".join(f for f in result["files"].values() if f))
+
+
+Body = Callable[[argparse.Namespace, Mapping[str, str]], int]
+Run = Callable[[argparse.Namespace, Mapping[str, str] | None], int]
+
+
+def _guarded(body: Body) -> Run:
+    def run(args: argparse.Namespace, env: Mapping[str, str] | None = None) -> int:
+        try:
+            merged = with_dotenv(os.environ if env is None else env, args.env_file)
+            with interruptible():
+                return body(args, merged)
+        except (*BEFORE_LOAD_ERRORS, RecipeError) as exc:
+            return cl.fail(PROG, exc, cl.EXIT_BAD_INPUT)
+        except Interrupted as exc:
+            say(f"[tune] interrupted ({exc}): the starting setting is back")
+            return cl.EXIT_INTERRUPTED
+        except (RestartFailed, RunAborted) as exc:
+            return cl.fail(PROG, exc, cl.EXIT_STOPPED)
+
+    return run
+
+
+def _memory(args: argparse.Namespace, env: Mapping[str, str]) -> int:
+    ready = _prepare(args, env, "tune-memory")
+    server, info, out, driver, served = (
+        ready.server,
+        ready.info,
+        ready.out,
+        ready.driver,
+        ready.served,
+    )
+    default_restart = ready.default_restart_s
+    knob = args.knob or ("KV_CACHE_GB" if served["KV_CACHE_GB"] else "GPU_MEM")
+    start_value = served[knob]
+    if not start_value:
+        raise cl.UsageError(f"{knob} is not set on the server: tune GPU_MEM (--knob GPU_MEM)")
+    reserve = (
+        args.os_reserve_gb if args.os_reserve_gb is not None else float(served["OS_RESERVE_GB"])
+    )
+    total = read_meminfo().total
+    weights, weights_note = _weights_bytes(served)
+    if args.candidates:
+        values = cand.parse_values(knob, args.candidates, "--candidates")
+    else:
+        step = args.step or {"GPU_MEM": 0.03, "KV_CACHE_GB": 1.0}[knob]
+        values = cand.default_memory_values(knob, reserve, total, weights, args.count, step)
+    candidates = cand.memory_candidates(knob, values, reserve, total, weights)
+    if not candidates:
+        raise cl.UsageError(
+            f"no {knob} candidate: the plan leaves none that keeps "
+            f"OS_RESERVE_GB={reserve:g} on {total / GIB:.1f} GiB"
+        )
+    started_at = dt.datetime.now(dt.UTC)
+    say(
+        f"[tune] {info.model} at {server.url}: {knob}={start_value} now; OS reserve "
+        f"{reserve:g} GiB of {total / GIB:.1f} GiB; {weights_note}; candidates "
+        + ", ".join(c.value + (" (refused by the plan)" if c.refused else "") for c in candidates)
+    )
+    startable = sum(1 for c in candidates if c.refused is None)
+    say(estimate_line(startable, default_restart, args.stress_s, "a stress run"))
+    restarts = Restarts(driver, knob, start_value, args.healthy_timeout_s, say)
+    record = marker_path(served["HF_HOME"])  # the guard's stop record, as the server sees it
+    out.mkdir(parents=True, exist_ok=True)
+    trials, kept = run_memory_loop(
+        restarts, candidates, _stress(args, server.url, info.model, reserve, record), out,
+        record, args.stress_s, default_restart, say,
+    )  # fmt: skip
+    result = {
+        "tool": "sparkserve tune memory", "version": __version__,
+        "started_at": started_at.isoformat(timespec="seconds"), "url": server.url,
+        "model": info.model, "driver": args.driver, "knob": knob, "start_value": start_value,
+        "kept": kept, "os_reserve_gib": reserve, "mem_total_gib": total / GIB,
+        "weights_gib": weights / GIB, "restart_s": restarts.took_s,
+        "candidates": trials_as_dicts(trials),
+        "running": restarts.running,
+        "files": {"json": "tune-memory.json", "png": "tune-memory.png"},
+    }  # fmt: skip
+    _finish(out, "tune-memory", result, report.plot_memory)
+    if kept is None:
+        say(f"[tune] no candidate passed; the server runs with {knob}={start_value} again")
+        return cl.EXIT_FAILED
+    print(knob_lines({knob: kept}), end="", flush=True)
+    if args.write_env is not None:
+        write_env(args.write_env, {knob: kept})
+        say(f"[tune] wrote {knob}={kept} into {args.write_env}")
+    return cl.EXIT_OK
+
+
+def _draft_refusals(
+    served: Settings, lengths: list[int], knobs: Mapping[str, str]
+) -> dict[int, str]:
+    total = read_meminfo().total
+    refused: dict[int, str] = {}
+    for length in lengths:
+        try:
+            settings = resolve_settings({**knobs, "NUM_SPEC_TOKENS": str(length)}, served.launcher)
+            check_budget(settings, total)
+            check_recipe_fits(settings, total)
+        except (KnobError, RecipeError) as exc:
+            refused[length] = str(exc)
+    return refused
+
+
+def _draft(args: argparse.Namespace, env: Mapping[str, str]) -> int:
+    lengths = cand.parse_lengths(args.lengths, int(BY_NAME["NUM_SPEC_TOKENS"].maximum or 16))
+    if args.prompts_file is not None:
+        prompts = workload.file_prompts(args.prompts_file)
+    else:
+        from sparkserve.bench.cli import parse_kinds
+
+        prompts = workload.kind_prompts(parse_kinds(args.kinds), args.per_kind)
+    ready = _prepare(args, env, "tune-draft")
+    server, info, out, driver, served = (
+        ready.server,
+        ready.info,
+        ready.out,
+        ready.driver,
+        ready.served,
+    )
+    default_restart = ready.default_restart_s
+    if (
+        not served.speculating
+        and served["SPEC_METHOD"] == ""
+        and served.launcher == "dflash"
+        and not served["DRAFT_MODEL"]
+    ):
+        raise cl.UsageError("the server has no drafter (DRAFT_MODEL empty)")
+    method = served["SPEC_METHOD"] or served.launcher
+    start_value = served["NUM_SPEC_TOKENS"]
+    refused = _draft_refusals(served, lengths, driver.knobs())
+    measure_s = args.measure_s
+    if measure_s is None:
+        measure_s = len(prompts) * args.gen_tokens / 10.0
+    started_at = dt.datetime.now(dt.UTC)
+    say(
+        f"[tune] {info.model} at {server.url}: {method} drafting, NUM_SPEC_TOKENS="
+        f"{start_value} now; lengths {','.join(map(str, lengths))}; workload "
+        f"{len(prompts)} prompt(s) x {args.gen_tokens} tokens ({args.api})"
+    )
+    startable = [n for n in lengths if n not in refused]
+    restarts_needed = sum(1 for n in startable if str(n) != start_value)
+    say(
+        estimate_line(len(startable), default_restart, measure_s, "the workload")
+        + f" ({restarts_needed} restart(s) at most, and one to the fastest)"
+    )
+    restarts = Restarts(driver, "NUM_SPEC_TOKENS", start_value, args.healthy_timeout_s, say)
+
+    def measure() -> dict[str, Any]:
+        return workload.measure(server, info.model, prompts, args.gen_tokens, args.api, say)
+
+    rows, best = run_draft_loop(
+        restarts, lengths, refused, measure, measure_s, default_restart, say
+    )
+    result = {
+        "tool": "sparkserve tune draft", "version": __version__,
+        "started_at": started_at.isoformat(timespec="seconds"), "url": server.url,
+        "model": info.model, "driver": args.driver, "method": method,
+        "start_value": start_value, "recommended": best, "api": args.api,
+        "gen_tokens": args.gen_tokens,
+        "workload": [p.source for p in prompts], "restart_s": restarts.took_s,
+        "lengths": rows, "running": restarts.running,
+        "files": {"json": "tune-draft.json", "png": "tune-draft.png"},
+    }  # fmt: skip
+    _finish(out, "tune-draft", result, report.plot_draft)
+    if best is None:
+        say("[tune] no length was measured; the starting setting is back")
+        return cl.EXIT_FAILED
+    print(knob_lines({"NUM_SPEC_TOKENS": str(best)}), end="", flush=True)
+    if args.write_env is not None:
+        write_env(args.write_env, {"NUM_SPEC_TOKENS": str(best)})
+        say(f"[tune] wrote NUM_SPEC_TOKENS={best} into {args.write_env}")
+    return cl.EXIT_OK
+
+
+run_memory = _guarded(_memory)
+run_draft = _guarded(_draft)
