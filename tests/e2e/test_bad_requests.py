@@ -109,7 +109,8 @@ def test_a_bad_request_is_refused_and_the_server_keeps_serving(
         assert status < 500, (status, text[:300])
     else:
         assert status == wanted, (status, text[:300])
-        assert json.loads(text)["error"]["message"], text[:300]  # says why
+        reply = json.loads(text)  # says why: vLLM's error, or FastAPI's detail
+        assert (reply.get("error") or {}).get("message") or reply.get("detail"), text[:300]
     still_serving(shared_server)
 
 
@@ -118,7 +119,8 @@ def test_the_structured_decision_api_is_refused_with_501_and_the_server_keeps_se
 ) -> None:
     """Found by schemathesis: POST /v1/systemone answers 501 on a model without it, the one
     5xx of the API; a clear status and harmless, so the fuzz run below leaves it out."""
-    status, text = post(shared_server, "/v1/systemone", {"questions": {}})
+    body = {"audio": [], "images": [], "questions": {}, "state": None, "videos": []}
+    status, text = post(shared_server, "/v1/systemone", body)
     assert status == 501 and "does not support" in text, (status, text[:300])
     still_serving(shared_server)
 
@@ -126,6 +128,8 @@ def test_the_structured_decision_api_is_refused_with_501_and_the_server_keeps_se
 # The operator's endpoints that resize the engine's data-parallel group: not a client's API.
 FUZZ_EXCLUDED = ("--exclude-path", "/v1/systemone", "--exclude-path-regex", "elastic_ep")
 FUZZ_MAX_TIME_S = 20
+# One worker: with two, hypothesis's threads once failed inside CPython 3.11's ast.parse
+# ("AST constructor recursion depth mismatch"), an error of the fuzzer, not of the server.
 
 
 def test_a_bounded_fuzz_of_the_openapi_document_finds_no_server_error(
@@ -140,7 +144,7 @@ def test_a_bounded_fuzz_of_the_openapi_document_finds_no_server_error(
         [schemathesis, "run", f"{shared_server.base_url}/openapi.json",
          "--checks", "not_a_server_error", "--phases", "coverage,fuzzing",
          "--max-examples", "3", "--max-time", str(FUZZ_MAX_TIME_S), "--request-timeout", "10",
-         "--workers", "2", "--seed", "2026", "--output-sanitize", "false",
+         "--workers", "1", "--seed", "2026", "--output-sanitize", "false",
          "--report", "json", "--report-json-path", str(report), *FUZZ_EXCLUDED],
         env=env, capture_output=True, text=True, timeout=FUZZ_MAX_TIME_S + 90,
     )  # fmt: skip

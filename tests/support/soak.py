@@ -57,6 +57,8 @@ class MemorySample:
     guard_rss_mib: float | None  # None: no guard process found
     vllm_processes: int
     in_flight: int
+    api_rss_mib: float = 0.0  # the launcher's PID: vLLM's API server after the exec
+    engine_rss_mib: float = 0.0  # the engine core process(es)
 
 
 @dataclass
@@ -87,27 +89,40 @@ class SoakResult:
         }
 
 
-def tree_memory(pid: int) -> tuple[float, float | None, int]:
-    """(RSS MiB of the tree of `pid` without the guard, the guard's RSS MiB or None, the
-    number of processes counted in the first)."""
+@dataclass
+class TreeMemory:
+    vllm_mib: float = 0.0  # the tree of the launcher's PID without the guard
+    guard_mib: float | None = None  # None: no guard process found
+    processes: int = 0  # counted in vllm_mib
+    api_mib: float = 0.0
+    engine_mib: float = 0.0
+
+
+def tree_memory(pid: int) -> TreeMemory:
+    """The RSS of the tree of `pid` (vLLM's processes, the guard apart)."""
+    seen = TreeMemory()
     try:
         root = psutil.Process(pid)
         procs = [root, *root.children(recursive=True)]
     except psutil.NoSuchProcess:
-        return 0.0, None, 0
-    vllm, guard, count = 0, None, 0
+        return seen
     for proc in procs:
         try:
-            rss = proc.memory_info().rss
+            rss = proc.memory_info().rss / MIB
             is_guard = GUARD_MODULE in proc.cmdline()
+            is_engine = "EngineCor" in proc.name()  # the kernel keeps 15 characters
         except (psutil.NoSuchProcess, psutil.ZombieProcess):
             continue
         if is_guard:
-            guard = (guard or 0) + rss
-        else:
-            vllm += rss
-            count += 1
-    return vllm / MIB, None if guard is None else guard / MIB, count
+            seen.guard_mib = (seen.guard_mib or 0.0) + rss
+            continue
+        seen.vllm_mib += rss
+        seen.processes += 1
+        if proc.pid == pid:
+            seen.api_mib = rss
+        elif is_engine:
+            seen.engine_mib += rss
+    return seen
 
 
 def guard_state(hf_home: str | Path) -> dict[str, Any]:
@@ -182,12 +197,13 @@ def run_soak(server: Server, model: str, server_pid: int, plan: SoakPlan) -> Soa
 
     def sampler() -> None:
         while True:
-            vllm, guard, count = tree_memory(server_pid)
+            seen = tree_memory(server_pid)
             samples.append(
                 MemorySample(
-                    t=round(time.monotonic() - started, 3), vllm_rss_mib=round(vllm, 1),
-                    guard_rss_mib=None if guard is None else round(guard, 1),
-                    vllm_processes=count, in_flight=in_flight[0],
+                    t=round(time.monotonic() - started, 3), vllm_rss_mib=round(seen.vllm_mib, 1),
+                    guard_rss_mib=None if seen.guard_mib is None else round(seen.guard_mib, 1),
+                    vllm_processes=seen.processes, in_flight=in_flight[0],
+                    api_rss_mib=round(seen.api_mib, 1), engine_rss_mib=round(seen.engine_mib, 1),
                 )
             )  # fmt: skip
             if done.wait(plan.sample_s):
@@ -266,6 +282,8 @@ def summary(result: SoakResult) -> dict[str, Any]:
         **stats(result.requests, result.load_s),
         "memory_samples": len(result.samples),
         "vllm_rss": growth(vllm) | {"peak_mib": max(vllm, default=None)},
+        "api_server_rss": growth([s.api_rss_mib for s in result.samples if s.vllm_processes]),
+        "engine_core_rss": growth([s.engine_rss_mib for s in result.samples if s.vllm_processes]),
         "guard_rss": growth(guard) | {"peak_mib": max(guard, default=None)},
         "guard_seen_in_every_sample": bool(result.samples)
         and all(s.guard_rss_mib is not None for s in result.samples),
