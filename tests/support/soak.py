@@ -59,6 +59,7 @@ class MemorySample:
     in_flight: int
     api_rss_mib: float = 0.0  # the launcher's PID: vLLM's API server after the exec
     engine_rss_mib: float = 0.0  # the engine core process(es)
+    worker_rss_mib: float = 0.0  # the engine core's model worker(s): weights, KV pool
 
 
 @dataclass
@@ -96,6 +97,7 @@ class TreeMemory:
     processes: int = 0  # counted in vllm_mib
     api_mib: float = 0.0
     engine_mib: float = 0.0
+    worker_mib: float = 0.0
 
 
 def tree_memory(pid: int) -> TreeMemory:
@@ -110,7 +112,7 @@ def tree_memory(pid: int) -> TreeMemory:
         try:
             rss = proc.memory_info().rss / MIB
             is_guard = GUARD_MODULE in proc.cmdline()
-            is_engine = "EngineCor" in proc.name()  # the kernel keeps 15 characters
+            name = proc.name()  # VLLM::EngineCore, VLLM::Worker (the kernel keeps 15 chars)
         except (psutil.NoSuchProcess, psutil.ZombieProcess):
             continue
         if is_guard:
@@ -120,8 +122,10 @@ def tree_memory(pid: int) -> TreeMemory:
         seen.processes += 1
         if proc.pid == pid:
             seen.api_mib = rss
-        elif is_engine:
+        elif "EngineCor" in name:
             seen.engine_mib += rss
+        elif "Worker" in name:
+            seen.worker_mib += rss
     return seen
 
 
@@ -204,6 +208,7 @@ def run_soak(server: Server, model: str, server_pid: int, plan: SoakPlan) -> Soa
                     guard_rss_mib=None if seen.guard_mib is None else round(seen.guard_mib, 1),
                     vllm_processes=seen.processes, in_flight=in_flight[0],
                     api_rss_mib=round(seen.api_mib, 1), engine_rss_mib=round(seen.engine_mib, 1),
+                    worker_rss_mib=round(seen.worker_mib, 1),
                 )
             )  # fmt: skip
             if done.wait(plan.sample_s):
@@ -284,6 +289,7 @@ def summary(result: SoakResult) -> dict[str, Any]:
         "vllm_rss": growth(vllm) | {"peak_mib": max(vllm, default=None)},
         "api_server_rss": growth([s.api_rss_mib for s in result.samples if s.vllm_processes]),
         "engine_core_rss": growth([s.engine_rss_mib for s in result.samples if s.vllm_processes]),
+        "worker_rss": growth([s.worker_rss_mib for s in result.samples if s.vllm_processes]),
         "guard_rss": growth(guard) | {"peak_mib": max(guard, default=None)},
         "guard_seen_in_every_sample": bool(result.samples)
         and all(s.guard_rss_mib is not None for s in result.samples),
