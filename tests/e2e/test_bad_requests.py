@@ -130,7 +130,7 @@ FUZZ_EXCLUDED = ("--exclude-path", "/v1/systemone", "--exclude-path-regex", "ela
 # Two bounded runs: random cases for every operation first (5 each), then schemathesis's
 # boundary cases (coverage: the long run's most telling, it goes operation by operation and
 # reaches the generation endpoints first) for what is left of the budget.
-FUZZ_RUNS = (("fuzzing", 5, 8), ("coverage", 3, 12))  # phase, max examples, max seconds
+FUZZ_RUNS = (("fuzzing", 5, 6), ("coverage", 3, 10))  # phase, max examples, max seconds
 # One worker: with two, hypothesis's threads once failed inside CPython 3.11's ast.parse
 # ("AST constructor recursion depth mismatch"), an error of the fuzzer, not of the server.
 

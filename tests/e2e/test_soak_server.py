@@ -1,5 +1,5 @@
 """A short soak of the run's shared server (serve.sh, its memory guard beside it): four times
-MAX_NUM_SEQS clients for 20 s. Behaviour only (support/soak.py; the figures are
+MAX_NUM_SEQS clients for 15 s. Behaviour only (support/soak.py; the figures are
 benchmarks/soak.py's): every request ends with all its tokens or a clear HTTP status, none
 outlives its timeout, the guard watches throughout and does not trip, the server stays
 healthy, and vLLM's and the guard's RSS do not grow beyond a generous bound."""
@@ -18,10 +18,10 @@ from support.vllm_server import VllmServer
 pytestmark = pytest.mark.e2e
 
 CLIENTS_PER_SEQ = 4
-DURATION_S = 20.0
+DURATION_S = 15.0
 REQUEST_TIMEOUT_S = 60.0
-# Generous: 20 s is too short to show a slow leak (benchmarks/soak.py's long run judges that);
-# this catches a leak per request (about 150 requests here) or a runaway.
+# Generous: 15 s is too short to show a slow leak (benchmarks/soak.py's long run judges that);
+# this catches a leak per request (about 100 requests here) or a runaway.
 RSS_GROWTH_BOUND_PCT = 25.0
 
 
