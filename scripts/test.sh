@@ -12,6 +12,8 @@ source "${REPO}/scripts/lib/installers.sh"
 source "${REPO}/scripts/lib/cpu_serve_venv.sh"
 # shellcheck source=scripts/lib/hub_mirror_venv.sh
 source "${REPO}/scripts/lib/hub_mirror_venv.sh"
+# shellcheck source=scripts/lib/api_fuzz_venv.sh
+source "${REPO}/scripts/lib/api_fuzz_venv.sh"
 # shellcheck source=scripts/lib/containers.sh
 source "${REPO}/scripts/lib/containers.sh"
 # shellcheck source=scripts/lib/system_packages.sh
@@ -50,6 +52,12 @@ install_lint_venv() {
 }
 lint_venv="$(ensure_venv lint "${PYTHON}" install_lint_venv "${REPO}/requirements/lint.txt")"
 export COMPOSE_LINT="${lint_venv}/bin/compose-lint"
+# schemathesis for tests/e2e/test_bad_requests.py, in its own venv (its pytest plugin and
+# hypothesis stay out of the suite's processes); the test runs its CLI.
+install_fuzz_venv() { install_api_fuzz_venv "$1" "${REPO}"; }
+fuzz="$(ensure_venv api-fuzz "${PYTHON}" install_fuzz_venv \
+  "${REPO}/requirements/test-api-fuzz.txt" "${REPO}/scripts/lib/api_fuzz_venv.sh")"
+export SPARKSERVE_SCHEMATHESIS="${fuzz}/bin/schemathesis"
 SPARKSERVE_VLLM_BUGGY_SRC="$(ensure_vllm_source "${VLLM_BUGGY_VERSION}")"
 export SPARKSERVE_VLLM_BUGGY_SRC
 export VLLM_TARGET_DEVICE=cpu

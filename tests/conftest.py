@@ -47,12 +47,14 @@ HERE = Path(__file__).resolve().parent
 # group of its own (its module fixtures are set up once).
 ONE_PROCESS_GROUP = "servers-and-memory-hogs"
 ONE_PROCESS = (
+    "tests/e2e/test_bad_requests.py::",
     "tests/e2e/test_bench_server.py::",
     "tests/e2e/test_guard_under_pressure.py::",
     "tests/e2e/test_launcher_servers.py::",
     "tests/e2e/test_lmhead_vs_bf16.py::",
     "tests/e2e/test_metrics_profile.py::test_every_panel_has_data_after_a_bench",
     "tests/e2e/test_plan_vs_servers.py::",
+    "tests/e2e/test_soak_server.py::",
     "tests/e2e/test_stress_pair.py::",
     "tests/e2e/test_stress_server.py::",
     "tests/e2e/test_tune_servers.py::",
