@@ -57,9 +57,10 @@ ONE_PROCESS = (
     "tests/e2e/test_stress_server.py::",
     "tests/test_guard.py::test_a_fast_hog_is_stopped_right_after_it_crosses_the_floor",
 )
-# Modules that hold GiBs for minutes (two vLLM pairs at a time, about 3.4 GB each): the other
-# process runs them, and they and each memory hog wait for one another (memory_lock).
-MEMORY_HEAVY_MODULES = ("tests/e2e/test_cluster_pair.py",)
+# Modules that hold GiBs for minutes (two vLLM pairs at a time, about 3.4 GB each; the pair's
+# two containers): the other process runs them, and they and each memory hog wait for one
+# another (memory_lock).
+MEMORY_HEAVY_MODULES = ("tests/e2e/test_cluster_pair.py", "tests/e2e/test_container_pair.py")
 SERVER_FIXTURES = {"shared_server", "second_server", "second_server_once"}
 CONTAINER_TESTS = "tests/e2e/test_container.py"
 
