@@ -60,17 +60,23 @@ ONE_PROCESS = (
     "tests/e2e/test_tune_servers.py::",
     "tests/test_guard.py::test_a_fast_hog_is_stopped_right_after_it_crosses_the_floor",
 )
-# Modules that hold GiBs for minutes (two vLLM pairs at a time, about 3.4 GB each): the other
-# process runs them, and they and each memory hog wait for one another (memory_lock).
-MEMORY_HEAVY_MODULES = ("tests/e2e/test_cluster_pair.py",)
+# Modules that hold GiBs for minutes (two vLLM pairs at a time, about 3.4 GB each; the pair's
+# two containers): the other process runs them, and they and each memory hog wait for one
+# another (memory_lock).
+MEMORY_HEAVY_MODULES = ("tests/e2e/test_cluster_pair.py", "tests/e2e/test_container_pair.py")
 SERVER_FIXTURES = {"shared_server", "second_server", "second_server_once"}
 CONTAINER_TESTS = "tests/e2e/test_container.py"
+# The modules on the suite's Docker Engine share the container test's process: its reboot
+# check restarts that daemon, which must not happen under another module's containers.
+DOCKER_MODULES = (CONTAINER_TESTS, "tests/e2e/test_container_pair.py")
 
 
 def group_of(nodeid: str) -> str:
     """The test's group: tests of one group run in one process."""
     if nodeid.startswith(ONE_PROCESS):
         return ONE_PROCESS_GROUP
+    if nodeid.startswith(DOCKER_MODULES):
+        return CONTAINER_TESTS
     # a module's tests share its module fixtures (vLLM imported, models built): one process
     return nodeid.split("::")[0]
 

@@ -43,8 +43,8 @@ def docker(*args: str, check: bool = True, timeout: float = 120) -> subprocess.C
 
 def docker_time(stamp: str) -> datetime:
     """A time from `docker inspect` (RFC 3339 with nanoseconds) as an aware datetime."""
-    head, _, rest = stamp.partition(".")
-    fraction = rest.rstrip("Z")[:6] if rest else "0"
+    head, _, rest = stamp.rstrip("Z").partition(".")
+    fraction = rest[:6] if rest else "0"
     return datetime.fromisoformat(f"{head}.{fraction:0<6}+00:00")
 
 
@@ -59,6 +59,7 @@ class ComposeProject:
     work: Path  # holds the project's .env and override file
     env: dict[str, str] = field(default_factory=dict)
     override: dict | None = None
+    override_text: str | None = None  # the override as YAML, for Compose's own tags (`!reset`)
     profiles: tuple[str, ...] = ("cpu",)
 
     @property
@@ -80,9 +81,9 @@ class ComposeProject:
     def files(self) -> list[Path]:
         files = [REPO / "docker-compose.yml"]
         override = self.with_suite_image(self.override or {})
-        if override:
+        if override or self.override_text is not None:
             path = self.work / "compose.test.yml"
-            path.write_text(yaml.safe_dump(override))
+            path.write_text(self.override_text or yaml.safe_dump(override))
             files.append(path)
         return files
 
@@ -124,16 +125,16 @@ class ComposeProject:
         return {**override, "services": services}
 
     def up(
-        self, service: str, wait_s: float | None = None, check: bool = True
+        self, *services: str, wait_s: float | None = None, check: bool = True
     ) -> subprocess.CompletedProcess:
-        """`up -d [--wait] SERVICE` on a port free right now (PORT in .env): the suite runs
+        """`up -d [--wait] SERVICE...` on a port free right now (PORT in .env): the suite runs
         other servers, and a port picked minutes earlier may be taken by then. With wait_s,
         Compose returns once the service is healthy by Docker's own healthcheck schedule (or
         fails when it exits, turns unhealthy or a dependency fails)."""
         self.write_env(PORT=str(free_port()))
         wait = [] if wait_s is None else ["--wait", "--wait-timeout", str(int(wait_s))]
         timeout = 300 if wait_s is None else wait_s + 120
-        return self.compose("up", "-d", "--no-build", *wait, service, timeout=timeout,
+        return self.compose("up", "-d", "--no-build", *wait, *services, timeout=timeout,
                             check=check)  # fmt: skip
 
     def volume(self, name: str) -> str:
