@@ -72,16 +72,7 @@ export PATH="${core}/bin:${PATH}"
 # there), run by a Docker Engine of the suite's own with Compose v2 (scripts/lib/docker_engine.sh);
 # the daemon stops when this run ends. SPARKSERVE_CONTAINER_TESTS=0 skips it.
 if [[ "${SPARKSERVE_CONTAINER_TESTS:-1}" == 1 ]]; then
-  ensure_container_tools "${REPO}"
-  ensure_docker_packages
-  base_image="$(ensure_base_image localhost/sparkserve-base:bookworm)"
-  image_tag="$(suite_image_tag "${REPO}")"
-  built_image="$(ensure_cpu_image "${REPO}" "localhost/sparkserve:${image_tag}" "${base_image}")"
-  trap stop_docker_engine EXIT
-  start_docker_engine
-  use_compose_plugin "${core}"
-  SPARKSERVE_CPU_IMAGE="$(ensure_docker_image "${built_image}" "sparkserve:${image_tag}")"
-  export SPARKSERVE_CPU_IMAGE
+  prepare_suite_docker "${REPO}" "${core}"
 fi
 
 log "lint"

@@ -27,16 +27,7 @@ PYTHON="${SPARKSERVE_PYTHON:-$(command -v python3.11 || command -v python3)}"
 core="$(ensure_venv core "${PYTHON}" install_core_venv \
   "${REPO}/requirements/test-core.txt" "${REPO}/requirements/test-core-nodeps.txt" \
   "${REPO}/versions.env" "${REPO}/scripts/lib/installers.sh")"
-ensure_container_tools "${REPO}"
-ensure_docker_packages
-base_image="$(ensure_base_image localhost/sparkserve-base:bookworm)"
-image_tag="$(suite_image_tag "${REPO}")"
-built_image="$(ensure_cpu_image "${REPO}" "localhost/sparkserve:${image_tag}" "${base_image}")"
-trap stop_docker_engine EXIT
-start_docker_engine
-use_compose_plugin "${core}"
-SPARKSERVE_CPU_IMAGE="$(ensure_docker_image "${built_image}" "sparkserve:${image_tag}")"
-export SPARKSERVE_CPU_IMAGE
+prepare_suite_docker "${REPO}" "${core}"
 export PATH="${core}/bin:${PATH}"
 cd "${REPO}"
 "$@"

@@ -167,10 +167,12 @@ use_compose_plugin() {
   docker compose version >/dev/null
 }
 
-# suite_image_tag REPO: the tag (cpu-KEY) this checkout's cpu image has in podman and in the
-# suite's Docker. Runs of several checkouts at once share podman's storage and the daemon: one
-# tag each keeps a run from starting another checkout's image. The tests put it into their
-# compose override (`image:`); users' compose files name `sparkserve:cpu`.
+# suite_image_tag REPO: the tag (cpu-KEY) this checkout's cpu image has in podman. Runs of
+# several checkouts at once share podman's storage: one tag each keeps a run's build from
+# retagging another's. In Docker the image is named by its content instead (cpu-<podman image
+# id>), so every checkout of the same tree reuses one loaded image and no run can start
+# another tree's. The tests put that name into their compose override (`image:`); users'
+# compose files name `sparkserve:cpu`.
 suite_image_tag() {
   printf 'cpu-%s\n' "$(printf '%s' "$1" | sha1sum | cut -c1-12)"
 }
@@ -197,4 +199,23 @@ ensure_docker_image() {
     log "docker: ${tag} is current (podman image ${id:0:12})"
   fi
   printf '%s\n' "${tag}"
+}
+
+# prepare_suite_docker REPO CORE_VENV: the checkout's cpu image built (podman) and loaded into
+# the suite's Docker Engine, started or joined and stopped when this shell exits (EXIT trap),
+# Compose v2 as its plugin; exports SPARKSERVE_CPU_IMAGE (the image's content tag). Needs
+# scripts/lib/containers.sh sourced too.
+prepare_suite_docker() {
+  local repo="$1" core="$2" base_image image_tag built_image id
+  ensure_container_tools "${repo}"
+  ensure_docker_packages
+  base_image="$(ensure_base_image localhost/sparkserve-base:bookworm)"
+  image_tag="$(suite_image_tag "${repo}")"
+  built_image="$(ensure_cpu_image "${repo}" "localhost/sparkserve:${image_tag}" "${base_image}")"
+  trap stop_docker_engine EXIT
+  start_docker_engine
+  use_compose_plugin "${core}"
+  id="$(podman image inspect --format '{{.Id}}' "${built_image}")"
+  SPARKSERVE_CPU_IMAGE="$(ensure_docker_image "${built_image}" "sparkserve:cpu-${id:0:12}")"
+  export SPARKSERVE_CPU_IMAGE
 }
