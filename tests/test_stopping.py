@@ -107,9 +107,10 @@ def test_the_guard_beside_vllm_is_spared_and_exits_by_itself(tmp_path: Path) -> 
     guard = (
         f"{sys.executable} -m sparkserve.guard --pid $$ --floor-gb 0.5 --os-reserve-gb 4 "
         f"--swap-mb-s 0 --psi-full-pct 0 --textfile-dir {tmp_path} & "
-        "exec python3 -c 'import time; time.sleep(300)'"
+        f"exec {sys.executable} -c 'import time; time.sleep(300)'"
     )
-    # the shell becomes the top (vLLM after the launcher's exec), the guard its child
+    # the shell becomes the top (a python, as vLLM is), the guard its child; sys.executable,
+    # since a `python3` on PATH may be a shim that forks helpers of its own under the top
     top = subprocess.Popen(["sh", "-c", guard], env=env)
     prom = tmp_path / "guard.prom"
     try:
