@@ -23,9 +23,8 @@ import os
 import re
 import sys
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from sparkserve import __version__
 from sparkserve import command_line as cl
@@ -230,8 +229,7 @@ def _server_settings(knobs: Mapping[str, str], launcher: Launcher) -> Settings:
     return resolve_settings(env, launcher)
 
 
-@dataclass(frozen=True)
-class Prepared:
+class Prepared(NamedTuple):
     server: Server
     info: ServerInfo
     out: Path
@@ -334,16 +332,17 @@ def _guarded(body: Body) -> Run:
     return run
 
 
+def _recommend(args: argparse.Namespace, knob: str, value: str) -> int:
+    """The knob line on stdout, and into the .env file only when asked (--write-env)."""
+    print(knob_lines({knob: value}), end="", flush=True)
+    if args.write_env is not None:
+        write_env(args.write_env, {knob: value})
+        say(f"[tune] wrote {knob}={value} into {args.write_env}")
+    return cl.EXIT_OK
+
+
 def _memory(args: argparse.Namespace, env: Mapping[str, str]) -> int:
-    ready = _prepare(args, env, "tune-memory")
-    server, info, out, driver, served = (
-        ready.server,
-        ready.info,
-        ready.out,
-        ready.driver,
-        ready.served,
-    )
-    default_restart = ready.default_restart_s
+    server, info, out, driver, served, default_restart = _prepare(args, env, "tune-memory")
     knob = args.knob or ("KV_CACHE_GB" if served["KV_CACHE_GB"] else "GPU_MEM")
     start_value = served[knob]
     if not start_value:
@@ -393,11 +392,7 @@ def _memory(args: argparse.Namespace, env: Mapping[str, str]) -> int:
     if kept is None:
         say(f"[tune] no candidate passed; the server runs with {knob}={start_value} again")
         return cl.EXIT_FAILED
-    print(knob_lines({knob: kept}), end="", flush=True)
-    if args.write_env is not None:
-        write_env(args.write_env, {knob: kept})
-        say(f"[tune] wrote {knob}={kept} into {args.write_env}")
-    return cl.EXIT_OK
+    return _recommend(args, knob, kept)
 
 
 def _draft_refusals(
@@ -423,15 +418,7 @@ def _draft(args: argparse.Namespace, env: Mapping[str, str]) -> int:
         from sparkserve.bench.cli import parse_kinds
 
         prompts = workload.kind_prompts(parse_kinds(args.kinds), args.per_kind)
-    ready = _prepare(args, env, "tune-draft")
-    server, info, out, driver, served = (
-        ready.server,
-        ready.info,
-        ready.out,
-        ready.driver,
-        ready.served,
-    )
-    default_restart = ready.default_restart_s
+    server, info, out, driver, served, default_restart = _prepare(args, env, "tune-draft")
     if (
         not served.speculating
         and served["SPEC_METHOD"] == ""
@@ -479,11 +466,7 @@ def _draft(args: argparse.Namespace, env: Mapping[str, str]) -> int:
     if best is None:
         say("[tune] no length was measured; the starting setting is back")
         return cl.EXIT_FAILED
-    print(knob_lines({"NUM_SPEC_TOKENS": str(best)}), end="", flush=True)
-    if args.write_env is not None:
-        write_env(args.write_env, {"NUM_SPEC_TOKENS": str(best)})
-        say(f"[tune] wrote NUM_SPEC_TOKENS={best} into {args.write_env}")
-    return cl.EXIT_OK
+    return _recommend(args, "NUM_SPEC_TOKENS", str(best))
 
 
 run_memory = _guarded(_memory)
