@@ -221,13 +221,13 @@ def test_a_killed_guard_is_replaced_and_one_that_keeps_dying_stops_vllm(tmp_path
         [str(REPO / "serve.sh")], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
         text=True,
     )  # fmt: skip
-    served = psutil.Process(launcher.pid)  # the launcher, then (exec) vLLM: here, sleep
+    served = psutil.Process(launcher.pid)  # the launcher; vLLM (here: sleep) its child
     restarts: list[float] = []
     try:
         _wait_watching(state_file, 0.0, time.monotonic() + HANG_S)
         (keeper,) = [p for p in served.children() if "sparkserve.guard_keeper" in p.cmdline()]
         guard = _guard_of(keeper, None)
-        assert guard is not None and served.cmdline()[0] == "sleep"
+        assert guard is not None and "sleep" in [p.name() for p in served.children()]
         for _ in range(RESTARTS):
             killed = time.time()
             guard.send_signal(signal.SIGKILL)
@@ -246,7 +246,8 @@ def test_a_killed_guard_is_replaced_and_one_that_keeps_dying_stops_vllm(tmp_path
     print(f"guard SIGKILL to a new guard's state: {', '.join(f'{s:.2f}' for s in restarts)} s; "
           f"the last SIGKILL to vLLM's exit: {stopped:.2f} s")  # fmt: skip
     assert max(restarts) < GUARD_RESTART_S, restarts
-    assert launcher.returncode == -signal.SIGTERM and stopped < GUARD_RESTART_S
+    # the stand-in has no API server: its SIGKILL ends the launcher's wait (status 137)
+    assert launcher.returncode != 0 and stopped < GUARD_RESTART_S, launcher.returncode
     assert log.count("was killed by SIGKILL while vLLM") == RESTARTS, log
     assert f"its {RESTARTS + 1}th death in 600 s; stopping vLLM" in log
     assert "exited after SIGTERM" in log

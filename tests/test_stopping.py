@@ -134,3 +134,50 @@ def _read(path: Path) -> str:
         return path.read_text()
     except FileNotFoundError:
         return ""
+
+
+# vLLM's API server under the launcher's shell (the launcher waits on it): on SIGTERM it writes
+# a file and exits; its engine below it ignores SIGTERM (as one that drains would).
+API_SERVER = """
+import signal, subprocess, sys, time
+from pathlib import Path
+done = Path(sys.argv[2])  # argv: vllm serve DONE
+engine = subprocess.Popen([sys.executable, "-c",
+    "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(300)"])
+def stopped(*_):
+    done.write_text("SIGTERM")
+    sys.exit(0)
+signal.signal(signal.SIGTERM, stopped)
+print(engine.pid, flush=True)
+time.sleep(300)
+"""
+
+
+def test_under_the_launchers_shell_the_api_server_is_sigtermed_and_the_engine_killed(
+    tmp_path: Path,
+) -> None:
+    """The pid a watcher is given is the launcher's shell: the API server one level below it
+    is SIGTERMed (to fail its streams and exit), never SIGKILLed at once like its engine; the
+    guard's keeper beside it is spared."""
+    done = tmp_path / "api-server-stopped"
+    # a stand-in keeper: sparkserve's watchers are known by `-m MODULE` in their command line
+    keeper = f"{sys.executable} -c 'import time; time.sleep(300)' -m sparkserve.guard_keeper"
+    # a script named vllm run as `vllm serve`, as the launcher's `vllm serve ...` is
+    script = tmp_path / "vllm"
+    script.write_text(API_SERVER)
+    launcher = f"{keeper} & {sys.executable} {script} serve {done} & wait $!"
+    top = subprocess.Popen(["bash", "-c", launcher], stdout=subprocess.PIPE, text=True)
+    try:
+        assert top.stdout is not None
+        engine = int(top.stdout.readline())
+        tree = Tree(top.pid)
+        assert [p.pid for p in tree.below()] == [engine], tree.below()
+        assert len(tree.tops()) == 2 and len(tree.watchers) == 1, (tree.tops(), tree.watchers)
+        said = stop(tree, grace_s=5)
+        assert said.startswith("SIGKILL to 1 process(es) below the top at once"), said
+        assert said.endswith("the top exited after SIGTERM"), said
+        assert done.read_text() == "SIGTERM"
+        top.wait(timeout=10)  # the shell went with it
+    finally:
+        top.kill()
+        top.wait()

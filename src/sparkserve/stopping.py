@@ -6,16 +6,17 @@ engine both take SIGTERM and SIGINT alike as "finish the requests in flight firs
 second signal while they drain (vLLM 0.32 and 0.33: entrypoints/launchers/launcher.py and
 v1/engine/core.py), so streams would go on generating, and holding memory, for up to that long.
 
-vLLM's processes form a tree (API server at the top, engine core and workers below it). A rank
-may sit in a collective that never returns (its peer is gone), and a tree killed with SIGKILL
-leaves its shared-memory rings (/dev/shm/psm_*, Python's SharedMemory names) behind. So: SIGKILL
-every process below the top at once (the model, its memory and every request in flight go with
-the engine), SIGTERM the top (the API server, which then has nothing to drain: it fails the
-open streams and exits), SIGKILL it too if it is still there after a grace, then remove the
-/dev/shm files the killed processes had open. The tree is collected before any signal, plus
-whatever was seen below it earlier, since a child whose parent died is no longer found below
-it. sparkserve's own watchers (the guard, the pair watch) are no part of it: started beside
-vLLM, they exit by themselves when it does, after saying why.
+vLLM's processes form a tree: the API server, the engine core and workers below it, and above
+it the launcher's shell when the launcher started it (the shell waits on vLLM). A rank may sit
+in a collective that never returns (its peer is gone), and a tree killed with SIGKILL leaves
+its shared-memory rings (/dev/shm/psm_*, Python's SharedMemory names) behind. So: SIGKILL every
+process below the API server at once (the model, its memory and every request in flight go
+with the engine), SIGTERM the top and the API server (which then has nothing to drain: it fails
+the open streams and exits; the launcher's shell exits with it), SIGKILL what is left after a
+grace, then remove the /dev/shm files the killed processes had open. The tree is collected
+before any signal, plus whatever was seen below it earlier, since a child whose parent died is
+no longer found below it. sparkserve's own watchers (the guard, its keeper, the pair watch)
+are no part of it: started beside vLLM, they exit by themselves when it does, saying why.
 """
 
 from __future__ import annotations
@@ -31,7 +32,10 @@ import psutil
 
 SHM = "/dev/shm/"
 # Modules of sparkserve's watchers that the launchers start beside vLLM (as its children).
-WATCHERS = ("sparkserve.guard", "sparkserve.cluster.watch")
+WATCHERS = ("sparkserve.guard", "sparkserve.guard_keeper", "sparkserve.cluster.watch")
+# The pid the watchers are given is the launcher's ($$), which waits on vLLM as its child: the
+# top's child whose command line is `vllm serve` is vLLM's API server.
+API_SERVER = ("vllm", "serve")
 
 
 class Tree:
@@ -45,6 +49,7 @@ class Tree:
             self.top = None
         self.seen: dict[int, psutil.Process] = {}
         self.watchers: set[int] = set()  # this process, and sparkserve's other watchers
+        self.heads: set[int] = set()  # the API server under the launcher: see API_SERVER
         self.refresh()
 
     def refresh(self) -> None:
@@ -60,6 +65,18 @@ class Tree:
                         self.watchers.add(child.pid)
                     else:
                         self.seen[child.pid] = child
+                        if self._under_launcher_shell(child):
+                            self.heads.add(child.pid)
+
+    def _under_launcher_shell(self, child: psutil.Process) -> bool:
+        assert self.top is not None
+        try:
+            words = [os.path.basename(w) for w in child.cmdline()[:3]]
+            return child.ppid() == self.top.pid and any(
+                tuple(words[i : i + 2]) == API_SERVER for i in range(len(words))
+            )
+        except psutil.Error:
+            return False
 
     def top_alive(self) -> bool:
         return self.top is not None and _running(self.top)
@@ -70,8 +87,13 @@ class Tree:
         return [proc for proc in [*members, *self.seen.values()] if _running(proc)]
 
     def below(self) -> list[psutil.Process]:
-        """The tree's running processes but the top."""
-        return [proc for proc in self.alive() if proc is not self.top]
+        """The tree's running processes but the top and the API server under a launcher shell:
+        what a stop SIGKILLs at once."""
+        return [p for p in self.alive() if p is not self.top and p.pid not in self.heads]
+
+    def tops(self) -> list[psutil.Process]:
+        """What a stop SIGTERMs: the top, and vLLM's API server when the top is its launcher."""
+        return [p for p in self.alive() if p is self.top or p.pid in self.heads]
 
 
 def _is_watcher(proc: psutil.Process) -> bool:
@@ -131,20 +153,20 @@ def stop(tree: Tree, grace_s: float) -> str:
     if not procs:
         return "already gone"
     said: list[str] = []
+    tops = tree.tops()  # before the kill: a top that only waited on what is below goes with it
     below = tree.below()
     files = kill(below) if below else set()
     if below:
         said.append(f"SIGKILL to {len(below)} process(es) below the top at once (no drain)")
-    top = tree.top if tree.top is not None and tree.top in procs else None
-    if top is not None:
+    for top in tops:
         with contextlib.suppress(psutil.Error):
             top.send_signal(signal.SIGTERM)
-        wait_gone([top], grace_s)
+    wait_gone(tops, grace_s)
     left = tree.alive()  # the top, and anything it started meanwhile
     if left:
         files |= kill(left)
         said.append(f"SIGKILL to {len(left)} process(es) after a {grace_s:g} s grace")
-    elif top is not None:
+    elif tops:
         said.append("the top exited after SIGTERM")
     removed = 0
     for path in files:
