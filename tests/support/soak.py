@@ -36,7 +36,9 @@ from sparkserve.client.server import Server, StreamResult
 from sparkserve.guard import metrics_dir
 from sparkserve.guard_textfile import FILE_NAME
 
-GUARD_MODULE = "sparkserve.guard"
+# the guard and its keeper, counted apart from vLLM
+GUARD_MODULES = ("sparkserve.guard", "sparkserve.guard_keeper")
+API_SERVER_WORD = "serve"  # the launcher's child `vllm serve ...`: vLLM's API server
 MIB = 1024 * 1024
 
 
@@ -53,11 +55,11 @@ class SoakPlan:
 @dataclass
 class MemorySample:
     t: float  # seconds since the load started
-    vllm_rss_mib: float  # every process of the tree but the guard
+    vllm_rss_mib: float  # every process of the tree but the launcher's shell and the guard
     guard_rss_mib: float | None  # None: no guard process found
     vllm_processes: int
     in_flight: int
-    api_rss_mib: float = 0.0  # the launcher's PID: vLLM's API server after the exec
+    api_rss_mib: float = 0.0  # vLLM's API server (the launcher's `vllm serve` child)
     engine_rss_mib: float = 0.0  # the engine core process(es)
     worker_rss_mib: float = 0.0  # the engine core's model worker(s): weights, KV pool
 
@@ -111,16 +113,20 @@ def tree_memory(pid: int) -> TreeMemory:
     for proc in procs:
         try:
             rss = proc.memory_info().rss / MIB
-            is_guard = GUARD_MODULE in proc.cmdline()
+            words = proc.cmdline()
+            is_guard = any(module in words for module in GUARD_MODULES)
             name = proc.name()  # VLLM::EngineCore, VLLM::Worker (the kernel keeps 15 chars)
+            is_api = proc.ppid() == pid and API_SERVER_WORD in words[:3]
         except (psutil.NoSuchProcess, psutil.ZombieProcess):
             continue
         if is_guard:
             seen.guard_mib = (seen.guard_mib or 0.0) + rss
             continue
+        if proc.pid == pid:
+            continue  # the launcher's shell, which waits on vLLM
         seen.vllm_mib += rss
         seen.processes += 1
-        if proc.pid == pid:
+        if is_api:
             seen.api_mib = rss
         elif "EngineCor" in name:
             seen.engine_mib += rss
