@@ -23,11 +23,12 @@ from pathlib import Path
 from typing import Protocol
 
 from sparkserve.command_line import UsageError
+from sparkserve.knobs import stop_grace_s
 
 LAUNCHER_MARK = "SPARK_LMHEAD_CALIBRATE"  # in the environment of every launcher-started vLLM
 IMAGE_MARK = "SPARKSERVE_IMAGE"  # in the environment of every sparkserve container
 LAUNCHER_SCRIPTS = {"dflash": "serve.sh", "mtp": "mtp_serve.sh"}
-STOP_GRACE_S = 30.0  # docker-compose.yml's stop_grace_period
+STOP_GRACE_S = float(stop_grace_s())  # docker-compose.yml's stop_grace_period (generated)
 
 
 class NotSparkserve(UsageError):
@@ -71,6 +72,22 @@ def process_environ(pid: int) -> dict[str, str]:
     return {k.decode(errors="replace"): v.decode(errors="replace") for k, v in pairs}
 
 
+def vllm_environ(pid: int) -> dict[str, str]:
+    """The environment of the vLLM a launcher runs: its `vllm serve` child's (the launcher
+    exports the knobs' vLLM side there), or the pid's own when it is vLLM itself."""
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            words = (entry / "cmdline").read_bytes().split(b"\0")[:3]
+        except (OSError, IndexError, ValueError):
+            continue
+        if ppid == pid and b"serve" in words:
+            return process_environ(int(entry.name))
+    return process_environ(pid)
+
+
 def _group_members(group: int) -> list[int]:
     """The live (not zombie) processes of a process group."""
     members = []
@@ -93,8 +110,8 @@ def _signal_group(group: int, signum: int) -> None:
 
 @dataclass
 class LauncherDriver:
-    """A server that serve.sh or mtp_serve.sh runs on this host, its vLLM's pid in `pid_file`
-    (what the launcher execs into). A restart stops it (SIGTERM to its process group, SIGKILL
+    """A server that serve.sh or mtp_serve.sh runs on this host, the launcher's pid in
+    `pid_file` (vLLM is its child). A restart stops it (SIGTERM to its process group, SIGKILL
     after the grace) and starts the launcher again in a session of its own with the same
     environment and the changes, its output appended to `log`, and records the new pid."""
 
@@ -114,12 +131,13 @@ class LauncherDriver:
     def check(self) -> None:
         pid = self._pid()
         try:
-            env = process_environ(pid)
+            env = process_environ(pid)  # what the launcher was given: what a restart gets
+            served = vllm_environ(pid)
         except OSError:
             raise UsageError(
                 f"bad --pid-file {str(self.pid_file)!r}: no process {pid} is running"
             ) from None
-        if LAUNCHER_MARK not in env:
+        if LAUNCHER_MARK not in served:
             raise NotSparkserve(
                 f"process {pid} is not a server of sparkserve's launchers (no {LAUNCHER_MARK} "
                 "in its environment): tune restarts only servers serve.sh or mtp_serve.sh "
@@ -161,7 +179,7 @@ class LauncherDriver:
                 env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                 start_new_session=True,
             )  # fmt: skip
-        # The launcher execs vLLM in its own process: this pid is the server's from now on.
+        # The launcher runs vLLM as its child and stays: its pid is the server's from now on.
         self.pid_file.write_text(f"{proc.pid}\n")
         wait_healthy(self.url, timeout_s, alive=lambda: proc.poll() is None)
         return time.monotonic() - started
