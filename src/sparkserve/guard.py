@@ -1,11 +1,11 @@
 """`sparkserve guard`: stop vLLM before a memory squeeze takes the host down.
 
 On a DGX Spark the GPU's memory is the host's: when vLLM, a client or the page cache push
-MemAvailable to nothing, the machine swaps or freezes instead of failing one process. The
-launchers start this guard in the background just before they `exec vllm`, watching their own
-PID (which becomes vLLM's). Several times a second (faster while MemAvailable falls towards
-the floor) it reads /proc/meminfo, /proc/vmstat and /proc/pressure/memory and, when
-MemAvailable falls below the floor, swap-out runs faster than the limit or memory pressure
+MemAvailable to nothing, the machine swaps or freezes instead of failing one process. The launchers
+start this guard (through its keeper) in the background just before they start vLLM as their child,
+watching their own PID, which lives as long as vLLM. Several times a second (faster while
+MemAvailable falls towards the floor) it reads /proc/meminfo, /proc/vmstat and /proc/pressure/memory
+and, when MemAvailable falls below the floor, swap-out runs faster than the limit or memory pressure
 (PSI) reaches its limit, it
 
 1. logs why, with the numbers, on stderr (the container's log);
@@ -17,9 +17,9 @@ MemAvailable falls below the floor, swap-out runs faster than the limit or memor
 With --textfile-dir it also keeps its state in a Prometheus text file there (guard_textfile.py)
 for node-exporter's textfile collector.
 
-It exits as soon as the watched process is gone (polled, plus PR_SET_PDEATHSIG so that the
-kernel signals it when its parent, the watched process, dies), so it never outlives the
-server; inside the container it is a child of PID 1 (vLLM), which cannot wait on it.
+It exits as soon as the watched process is gone (polled; plus PR_SET_PDEATHSIG, so that the
+kernel signals it when its parent dies: its keeper, or the watched launcher when run
+without one), so it never outlives the server.
 
 Run as `python3 -m sparkserve.guard ...`: this module imports nothing but the standard
 library, psutil and small sparkserve modules (host memory, the knob registry, the shared

@@ -119,8 +119,8 @@ def guard_args(settings: Settings, pid: int) -> list[str]:
 
 
 def watch_args(settings: Settings, pid: int, address: str, state_file: Path) -> list[str]:
-    """The pair watch: like the guard it watches PID (vLLM's after the exec) and stops it when
-    either node of the pair fails; on the head it also asks vLLM's API."""
+    """The pair watch: like the guard it watches PID (the launcher, whose child vLLM is) and
+    stops vLLM when either node of the pair fails; on the head it also asks vLLM's API."""
     if not settings.pair:
         return []
     api = ""

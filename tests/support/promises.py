@@ -12,12 +12,12 @@ from sparkserve.cluster import wire
 REPO = Path(__file__).resolve().parents[2]
 
 # docs/MEMORY.md ("The guard"): it stops the server within 2 s of MemAvailable crossing the
-# floor (its SIGTERM; the exit follows within the grace).
+# floor (the engine SIGKILLed, the API server SIGTERMed; the exit follows within the grace).
 GUARD_REACTION_S = 2.0
 
 # docs/MEMORY.md ("A guard that dies"): a guard killed while vLLM runs is noticed at once; a
 # new one writes its state within 5 s (a Python start on a busy host), and at its 4th death in
-# 10 minutes vLLM gets its SIGTERM within 5 s instead.
+# 10 minutes the keeper stops vLLM within 5 s instead.
 GUARD_RESTART_S = 5.0
 
 

@@ -7,12 +7,11 @@ sent then finish. Every request ends in one of: `ok` (all its tokens), `http NNN
 the server answered with), `over timeout` (not done `request_timeout_s` after it was sent: the
 client gives up on it) or `broken: ...` (the connection failed or the stream ended early).
 
-Memory is the RSS of the server's process tree (the launcher's PID, which becomes vLLM's, and
-its children: the API server, the engine core, helpers), split into the memory guard
-(`python -m sparkserve.guard`) and the rest. RSS counts a page shared by two processes twice;
-what is judged is its change over the run, not its size. Growth: the median of the last fifth
-of the samples minus the median of the first fifth (the run starts after one warm-up round,
-so allocator warm-up falls before the first fifth).
+Memory is the RSS of the server's process tree below the launcher's shell (vLLM's API server, the
+engine core, helpers), split into the memory guard with its keeper and the rest. RSS counts a page
+shared by two processes twice; what is judged is its change over the run, not its size. Growth: the
+median of the last fifth of the samples minus the median of the first fifth (the run starts after
+one warm-up round, so allocator warm-up falls before the first fifth).
 
 Used by tests/e2e/test_soak_server.py (short, behaviour only) and benchmarks/soak.py (long,
 with the figures)."""

@@ -3,7 +3,8 @@
 vLLM's multi-node engine leaves a broken pair hanging: a dead worker leaves the head healthy
 until the next request, a stopped head leaves the worker up, a cut link hangs both in a
 collective (docs/CLUSTER.md). The launcher starts this watch in the background on each node,
-watching its own PID (vLLM's after the exec), and execs vLLM only once the pair has joined.
+watching its own PID (the launcher waits on vLLM as its child), and starts vLLM only once the
+pair has joined.
 
 - The head listens on CLUSTER_HEAD_ADDR:CLUSTER_WATCH_PORT; the worker connects (retrying
   while the head is not listening yet, failing at once when the address is unreachable) and
