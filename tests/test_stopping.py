@@ -4,7 +4,9 @@ sparkserve's own watchers left to exit by themselves."""
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -166,7 +168,8 @@ def test_under_the_launchers_shell_the_api_server_is_sigtermed_and_the_engine_ki
     script = tmp_path / "vllm"
     script.write_text(API_SERVER)
     launcher = f"{keeper} & {sys.executable} {script} serve {done} & wait $!"
-    top = subprocess.Popen(["bash", "-c", launcher], stdout=subprocess.PIPE, text=True)
+    top = subprocess.Popen(["bash", "-c", launcher], stdout=subprocess.PIPE, text=True,
+                           start_new_session=True)  # fmt: skip
     try:
         assert top.stdout is not None
         engine = int(top.stdout.readline())
@@ -179,5 +182,6 @@ def test_under_the_launchers_shell_the_api_server_is_sigtermed_and_the_engine_ki
         assert done.read_text() == "SIGTERM"
         top.wait(timeout=10)  # the shell went with it
     finally:
-        top.kill()
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(top.pid, signal.SIGKILL)  # the keeper stand-in, too
         top.wait()
