@@ -127,10 +127,12 @@ def test_the_structured_decision_api_is_refused_with_501_and_the_server_keeps_se
 
 # The operator's endpoints that resize the engine's data-parallel group: not a client's API.
 FUZZ_EXCLUDED = ("--exclude-path", "/v1/systemone", "--exclude-path-regex", "elastic_ep")
-# Two bounded runs: random cases for every operation first (5 each), then schemathesis's
-# boundary cases (coverage: the long run's most telling, it goes operation by operation and
-# reaches the generation endpoints first) for what is left of the budget.
-FUZZ_RUNS = (("fuzzing", 5, 6), ("coverage", 3, 10))  # phase, max examples, max seconds
+# Two bounded runs: random cases for every operation first (2 each; bounded by the count, its
+# time limit only a guard against a hang, so a busy machine tests every operation too), then
+# schemathesis's boundary cases (coverage: it goes operation by operation and reaches the
+# generation endpoints first) for a time slice, as many as fit in it.
+FUZZ_RUNS = (("fuzzing", 2, 240), ("coverage", 3, 10))  # phase, max examples, max seconds
+EVERY_OPERATION = "fuzzing"  # the run that must have tested operations, whatever the load
 # One worker: with two, hypothesis's threads once failed inside CPython 3.11's ast.parse
 # ("AST constructor recursion depth mismatch"), an error of the fuzzer, not of the server.
 
@@ -155,6 +157,8 @@ def test_a_bounded_fuzz_of_the_openapi_document_finds_no_server_error(
         )  # fmt: skip
         assert report.exists(), done.stdout[-3000:] + done.stderr[-2000:]
         result = json.loads(report.read_text())
-        assert result["test_cases"]["generated"] > 0 and result["operations"]["tested"] > 0
+        operations = result["operations"]
+        if phase == EVERY_OPERATION:
+            assert operations["tested"] > 0, operations
         assert not result["failures"] and not result["errors"], done.stdout[-6000:]
         still_serving(shared_server)
