@@ -15,6 +15,7 @@ import contextlib
 import hashlib
 import json
 import os
+import re
 import shutil
 import subprocess
 import time
@@ -237,7 +238,9 @@ class ComposeProject:
         return time.monotonic() - started
 
     def remove(self) -> None:
-        """Containers, network and volumes of the project, whatever state they are in."""
+        """Containers, network and volumes of the project, whatever state they are in; and
+        those of test runs that died before their teardown (remove_orphans)."""
+        remove_orphans()
         with contextlib.suppress(ComposeError, subprocess.TimeoutExpired):
             self.compose("down", "--volumes", timeout=180)
         for kind in ("volume", "network"):
@@ -275,3 +278,27 @@ def reboot_docker_engine() -> subprocess.CompletedProcess:
     script = (f"source {REPO}/scripts/lib/venv.sh && source {REPO}/scripts/lib/docker_engine.sh"
               " && reboot_docker_engine")  # fmt: skip
     return subprocess.run(["bash", "-c", script], capture_output=True, text=True, timeout=300)
+
+
+# The tests' project names end in the pid of the test process that owns them.
+TEST_PROJECT = re.compile(r"sparkserve-(?:e2e|e2e-refusing|pair)-(\d+)")
+
+
+def remove_orphans() -> None:
+    """The projects of test processes that are gone (a run killed before its teardown): under
+    `restart: unless-stopped` their containers would start again with every daemon start and
+    serve on beside later runs."""
+    labels = docker("ps", "-a", "--format", '{{.Label "com.docker.compose.project"}}',
+                    check=False).stdout.split()  # fmt: skip
+    for name in sorted(set(labels)):
+        owner = TEST_PROJECT.fullmatch(name)
+        if owner is None or Path(f"/proc/{owner.group(1)}").exists():
+            continue
+        ids = docker("ps", "-aq", "--filter", f"label=com.docker.compose.project={name}",
+                     check=False).stdout.split()  # fmt: skip
+        if ids:
+            docker("rm", "-f", *ids, check=False)
+        for kind in ("network", "volume"):
+            for item in docker(kind, "ls", "--format", "{{.Name}}", check=False).stdout.split():
+                if item.startswith(f"{name}_"):
+                    docker(kind, "rm", "-f", item, check=False)
