@@ -46,7 +46,7 @@ sparkserve-cpu` as a user types it:
      0.32 keeps its HTTP server up while the stream's connection is open, so Docker's SIGKILL
      at the grace ends it), the stream ends (drained or cut: the test holds either way)
      without hanging; `down` keeps the model volume, `down -v` removes it.
-  8b. drain on stop (the plain model, SHUTDOWN_TIMEOUT_S=8): across `docker compose stop` a
+  8b. drain on stop (the plain model, SHUTDOWN_TIMEOUT_S=12): across `docker compose stop` a
      stream shorter than the drain finishes normally, a request during the drain gets HTTP 503,
      a stream longer than the drain ends with an error event, and the container exits by
      itself within compose's stop grace; each timed.
@@ -164,7 +164,7 @@ def project(
         # tokenizer carries the tokens they look for.
         TOOL_PARSER="qwen3_xml", REASONING_PARSER="qwen3",
         HF_OFFLINE="1", API_KEY=API_KEY, OS_RESERVE_GB="4",
-        SHUTDOWN_TIMEOUT_S="8",  # every stop here drains briefly: test 8b is about the drain
+        SHUTDOWN_TIMEOUT_S="12",  # every stop here drains briefly: test 8b is about the drain
     )  # fmt: skip
     project.remove()
     hub = project.volume_path("hf-cache") / "hub"
@@ -682,7 +682,9 @@ def test_8_a_daemon_restart_brings_a_running_server_back_and_not_a_stopped_one(
 
 # ---------------------------------------------------------------- 8b. drain on stop
 
-DRAIN_S = 8  # SHUTDOWN_TIMEOUT_S for this test: short, so that it costs little
+# SHUTDOWN_TIMEOUT_S for this test: short, so that it costs little, and long enough that the
+# short stream outlives the 1-4 s the stop's SIGTERM takes to reach vLLM on a busy machine
+DRAIN_S = 12
 DRAIN_TIMINGS: dict[str, float] = {}
 
 
@@ -717,10 +719,11 @@ def test_8b_drain_a_stop_finishes_short_streams_refuses_new_ones_and_ends_long_o
     project.up(SERVICE, wait_s=HEALTHY_TIMEOUT_S)
     port = port_of(project)
     rate = tokens_per_s(port)
-    # short: about 3.5 s of decoding alone, so that it is still running when the stop's SIGTERM
-    # reaches vLLM (1-3 s after `compose stop` began here) and ends well inside the drain;
+    # short: about 4.5 s of decoding alone (twice that beside the long one), so that it is
+    # still running when the stop's SIGTERM reaches vLLM (1-4 s after `compose stop` began
+    # here) and ends inside the drain;
     # long: about 20 s, well past it
-    short = SseStream(port, API_KEY, "tiny", max(16, int(rate * 3.5)))
+    short = SseStream(port, API_KEY, "tiny", max(16, int(rate * 4.5)))
     long = SseStream(port, API_KEY, "tiny", min(8000, max(int(rate * 20), 2000)))
     for stream in (short, long):
         stream.start()
