@@ -153,7 +153,7 @@ def test_a_bounded_fuzz_of_the_openapi_document_finds_no_server_error(
              "--request-timeout", "10", "--workers", "1", "--seed", "2026",
              "--output-sanitize", "false", "--report", "json", "--report-json-path", str(report),
              *FUZZ_EXCLUDED],
-            env=env, capture_output=True, text=True, timeout=seconds + 60,
+            env=env, capture_output=True, text=True, timeout=seconds + 60, cwd=tmp_path,
         )  # fmt: skip
         assert report.exists(), done.stdout[-3000:] + done.stderr[-2000:]
         result = json.loads(report.read_text())
