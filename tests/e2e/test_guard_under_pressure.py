@@ -83,17 +83,9 @@ def test_guard_stops_a_real_server_under_memory_pressure(
              "--gen-tokens", "3500", "--os-reserve-gb", "0.5", "--settle-s", "0.5",
              "--guard-record", str(record)]
         )  # fmt: skip
-        guard_pids = [
-            p.name for p in Path("/proc").iterdir()
-            if p.name.isdigit()
-            and f"sparkserve.guard --pid {server.proc.pid} " in _cmdline(p)
-        ]  # fmt: skip
+        guard_pids = _pids_running(f"sparkserve.guard --pid {server.proc.pid} ")
         assert len(guard_pids) == 1, "the launcher did not start exactly one guard"
-        keeper_pids = [
-            p.name for p in Path("/proc").iterdir()
-            if p.name.isdigit()
-            and f"sparkserve.guard_keeper --pid {server.proc.pid} " in _cmdline(p)
-        ]  # fmt: skip
+        keeper_pids = _pids_running(f"sparkserve.guard_keeper --pid {server.proc.pid} ")
         assert len(keeper_pids) == 1, "the launcher did not start exactly one guard keeper"
         now = read_meminfo().available
         need = now - int(floor_gib * GIB)
@@ -169,6 +161,11 @@ def _running(pid: str) -> bool:
     except OSError:
         return False
     return state != "Z"
+
+
+def _pids_running(command: str) -> list[str]:
+    """The pids whose command line holds `command`."""
+    return [p.name for p in Path("/proc").iterdir() if p.name.isdigit() and command in _cmdline(p)]
 
 
 def _cmdline(proc: Path) -> str:
