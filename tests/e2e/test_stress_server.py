@@ -95,12 +95,22 @@ def _start_stress_until_first_level(argv: list[str]) -> tuple[subprocess.Popen[s
     return stress, lines
 
 
-def _hog(size: int, hold_s: float) -> str:
+def _hog(below_gib: float, cap_gib: float, hold_s: float) -> str:
+    """A process that takes memory in 64 MiB steps until MemAvailable is below `below_gib`
+    (whatever other processes free or take meanwhile), at most `cap_gib`; then it holds it for
+    `hold_s`. It prints the time it got there, the GiB it holds and the time it let go."""
     return (
-        "import sys, time\n"
-        f"b = bytearray({size})\n"
-        "b[::4096] = b'\\x01' * len(range(0, len(b), 4096))\n"
-        "print(time.time(), flush=True)\n"
+        "import time\n"
+        "def available():\n"
+        "    for line in open('/proc/meminfo'):\n"
+        "        if line.startswith('MemAvailable:'):\n"
+        "            return int(line.split()[1]) * 1024\n"
+        "step, held = 64 << 20, []\n"
+        f"while available() > {below_gib} * 2**30 and len(held) * step < {cap_gib} * 2**30:\n"
+        "    b = bytearray(step)\n"
+        "    b[::4096] = b'\\x01' * len(range(0, step, 4096))\n"
+        "    held.append(b)\n"
+        "print(time.time(), len(held) * step / 2**30, flush=True)\n"
         f"time.sleep({hold_s})\n"
         "print(time.time(), flush=True)\n"
     )
@@ -113,12 +123,11 @@ def test_a_memory_hog_flips_the_verdict_to_fail_at_its_moment(
 ) -> None:
     available = mem_available_gib()
     if available < 6:
-        pytest.skip(f"only {available:.1f} GiB available: too little to start a 3 GiB hog")
-    # The hog takes 3 GiB and MemAvailable must fall 1.5 GiB: the tests of the other process
-    # (tests/conftest.py) move MemAvailable too, by less than the hog, so its moment is the
-    # worst one. Its pages can take seconds to arrive on a busy machine: 4 s of idle before,
-    # between and after the two short levels keep the run going meanwhile.
-    hog_bytes = 3 * 1024**3
+        pytest.skip(f"only {available:.1f} GiB available: too little for a hog of 1.5-4 GiB")
+    # The OS reserve is 1.5 GiB below MemAvailable now; the hog takes memory until MemAvailable
+    # is 0.5 GiB below the reserve, however much the tests of the other process
+    # (tests/conftest.py) free or take meanwhile, and holds it for 2 s at 10 Hz sampling.
+    # 4 s of idle before, between and after the two short levels keep the run going meanwhile.
     reserve = available - 1.5
     out = tmp_path / "hog"
     stress, lines = _start_stress_until_first_level(
@@ -130,20 +139,21 @@ def test_a_memory_hog_flips_the_verdict_to_fail_at_its_moment(
     time.sleep(0.5)
     started = time.time()
     hog = subprocess.run(
-        [sys.executable, "-c", _hog(hog_bytes, 2.0)], capture_output=True, text=True, check=True
-    )
+        [sys.executable, "-c", _hog(reserve - 0.5, min(8.0, available - 2.0), 2.0)],
+        capture_output=True, text=True, check=True,
+    )  # fmt: skip
     exited = time.time()  # the hog's memory is back once its process is gone
-    touched, _ = (float(x) for x in hog.stdout.split())
+    reached, held_gib, _ = (float(x) for x in hog.stdout.split())
     stdout, stderr = stress.communicate(timeout=240)
-    assert stress.returncode == 1, "".join(lines) + stderr + stdout
+    held = f"the hog held {held_gib:.2f} GiB\n"
+    assert stress.returncode == 1, held + "".join(lines) + stderr + stdout
     assert stdout.startswith("FAIL: MemAvailable fell to")
     result = _check_outputs(out)
     verdict = result["verdict"]
     worst_epoch = result["t0_epoch"] + verdict["worst_t"]
-    # the worst moment lies in the hog's life; not necessarily after its last page was touched:
-    # touching 2 GiB can take over a second on a loaded machine, and other processes move
-    # MemAvailable by tens of MiB meanwhile
-    assert started <= worst_epoch <= exited + 0.3, (started, touched, worst_epoch, exited)
+    # the worst moment lies in the hog's life; not necessarily after it reached its level:
+    # other processes move MemAvailable by tens of MiB meanwhile
+    assert started <= worst_epoch <= exited + 0.3, (started, reached, worst_epoch, exited)
     assert verdict["min_available_gib"] < reserve
     assert result["status"] == "FAIL"
 

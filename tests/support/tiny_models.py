@@ -115,6 +115,8 @@ def plain_config() -> dict[str, Any]:
         "model_type": "qwen3",
         "num_hidden_layers": 2,
         "rope_theta": 1000000,
+        # room for test 8b's stream that outlasts the drain (the hybrid target keeps 8192)
+        "max_position_embeddings": 32768,
     }
     return config
 
