@@ -46,10 +46,12 @@ sparkserve-cpu` as a user types it:
      0.32 keeps its HTTP server up while the stream's connection is open, so Docker's SIGKILL
      at the grace ends it), the stream ends (drained or cut: the test holds either way)
      without hanging; `down` keeps the model volume, `down -v` removes it.
-  8b. drain on stop (the plain model, SHUTDOWN_TIMEOUT_S=12): across `docker compose stop` a
+  8b. drain on stop (test 5's server, SHUTDOWN_TIMEOUT_S=15): across `docker compose stop` a
      stream shorter than the drain finishes normally, a request during the drain gets HTTP 503,
      a stream longer than the drain ends with an error event, and the container exits by
-     itself within compose's stop grace; each timed.
+     itself within compose's stop grace; each timed. The engine is held (SIGSTOP) from before
+     the stop until vLLM took its SIGTERM, so both streams are in flight at the drain on any
+     machine.
 
 What Docker here shows about a Spark, and what it cannot:
   - shown: Compose v2's own semantics on this compose file (the fetch gate, healthcheck
@@ -115,6 +117,11 @@ PLAIN_REPO = "sparkserve-test/tiny-qwen3"
 DRAFTER_REPO = "sparkserve-test/tiny-dflash"
 API_KEY = "e2e-secret-key"
 HEALTHY_TIMEOUT_S = 600  # two cores shared with the rest of the suite
+DRAIN_S = 15  # SHUTDOWN_TIMEOUT_S here: short, so that every stop costs little (test 8b)
+# The plain target's server (test 5's, then the crash, reboot and stop tests'): eager, and long
+# enough a context for test 8b's stream that outlasts the drain
+PLAIN_SERVING = {"MODEL": PLAIN_REPO, "GUARD_RESUME": "0", "GUARD_FLOOR_GB": "",
+                 "EXTRA_ARGS": "--enforce-eager", "MAX_MODEL_LEN": "32768"}  # fmt: skip
 TIMINGS: dict[str, float] = {}
 COMPILE_LINES: dict[str, list[str]] = {}
 
@@ -165,7 +172,7 @@ def project(
         # tokenizer carries the tokens they look for.
         TOOL_PARSER="qwen3_xml", REASONING_PARSER="qwen3",
         HF_OFFLINE="1", API_KEY=API_KEY, OS_RESERVE_GB="4",
-        SHUTDOWN_TIMEOUT_S="12",  # every stop here drains briefly: test 8b is about the drain
+        SHUTDOWN_TIMEOUT_S=str(DRAIN_S),  # every stop here drains briefly: 8b is about it
     )  # fmt: skip
     project.remove()
     hub = project.volume_path("hf-cache") / "hub"
@@ -517,7 +524,7 @@ def test_4_guard_resume_is_used_once_and_the_cache_serves_the_second_start(
 def test_5_a_plain_qwen3_target_serves_with_prefix_caching(project: ComposeProject) -> None:
     """The cpu image's defaults (no drafter) on the default's own architecture: the Mamba
     align flag follows the target's config, so a plain model's first requests do not kill it."""
-    project.write_env(MODEL=PLAIN_REPO, GUARD_RESUME="0", EXTRA_ARGS="--enforce-eager")
+    project.write_env(**PLAIN_SERVING)
     project.unset_env("DRAFT_MODEL", "NUM_SPEC_TOKENS", "TOOL_PARSER", "REASONING_PARSER")
     started = time.monotonic()
     project.up(SERVICE, wait_s=HEALTHY_TIMEOUT_S)
@@ -559,7 +566,7 @@ def serving(project: ComposeProject) -> None:
         healthy = False
     if with_plain and healthy:
         return
-    project.write_env(MODEL=PLAIN_REPO, GUARD_RESUME="0", EXTRA_ARGS="--enforce-eager")
+    project.write_env(**PLAIN_SERVING)
     project.unset_env("DRAFT_MODEL", "NUM_SPEC_TOKENS", "TOOL_PARSER", "REASONING_PARSER")
     project.up(SERVICE, wait_s=HEALTHY_TIMEOUT_S)
 
@@ -683,11 +690,10 @@ def test_8_a_daemon_restart_brings_a_running_server_back_and_not_a_stopped_one(
 
 # ---------------------------------------------------------------- 8b. drain on stop
 
-# SHUTDOWN_TIMEOUT_S for this test. The stop's signal leaves Docker 1-8 s after `compose stop`
-# began on a busy machine (the report's docker_signal_after_stop_s), and a stream's speed there
-# changes several times over: so the engine is held (SIGSTOP) from before the stop until vLLM's
-# API server has taken the SIGTERM, and both streams are surely in flight at its drain.
-DRAIN_S = 15
+# The stop's signal leaves Docker 1-8 s after `compose stop` began on a busy machine (the
+# report's docker_signal_after_stop_s), and a stream's speed there changes several times over:
+# so the engine is held (SIGSTOP) from before the stop until vLLM's API server has taken the
+# SIGTERM, and both streams are surely in flight at its drain.
 DRAIN_TIMINGS: dict[str, object] = {}
 
 
@@ -712,11 +718,7 @@ def signalled_at(project: ComposeProject, since_epoch: float) -> float | None:
 def test_8b_drain_a_stop_finishes_short_streams_refuses_new_ones_and_ends_long_ones(
     project: ComposeProject,
 ) -> None:
-    project.write_env(MODEL=PLAIN_REPO, GUARD_RESUME="0", GUARD_FLOOR_GB="",
-                      EXTRA_ARGS="--enforce-eager", MAX_MODEL_LEN="32768",
-                      SHUTDOWN_TIMEOUT_S=str(DRAIN_S))  # fmt: skip
-    project.unset_env("DRAFT_MODEL", "NUM_SPEC_TOKENS", "TOOL_PARSER", "REASONING_PARSER")
-    project.up(SERVICE, wait_s=HEALTHY_TIMEOUT_S)
+    serving(project)
     port = port_of(project)
     rate = tokens_per_s(port)
     # long: far past the drain; short: 2 s of decoding alone (measured up to 3.3 times that
