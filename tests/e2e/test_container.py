@@ -706,6 +706,17 @@ def tokens_per_s(port: int) -> float:
     return probe.result.chunks / (time.monotonic() - started)
 
 
+SHUTDOWN_LINE = "API server: shutdown triggered"  # vLLM's API server took a SIGTERM
+
+
+def wait_for_more(project: ComposeProject, text: str, seen: int, timeout_s: float) -> None:
+    """Wait until the container's log holds `text` more than `seen` times."""
+    deadline = time.monotonic() + timeout_s
+    while project.logs(SERVICE).count(text) <= seen:
+        assert time.monotonic() < deadline, f"no new {text!r} in {timeout_s:.0f} s"
+        time.sleep(0.2)
+
+
 def signalled_at(project: ComposeProject, since_epoch: float) -> float | None:
     """When Docker sent the container its first signal (a `kill` event) since `since_epoch`."""
     done = docker("events", "--since", f"{since_epoch:.3f}", "--until", f"{time.time():.3f}",
@@ -726,6 +737,9 @@ def test_8b_drain_a_stop_finishes_short_streams_refuses_new_ones_and_ends_long_o
     long = SseStream(port, API_KEY, "tiny", min(32000, max(int(rate * 90), 4000)))
     short = SseStream(port, API_KEY, "tiny", max(16, int(rate * 2)))
     engine = vllm_pid(project, engine=True)
+    # the server's log holds its earlier stops (test 8's daemon restart): count the new lines
+    earlier = project.logs(SERVICE)
+    drain_line = re.compile(r"draining in-flight requests count=(\d+)")
     deadline = time.monotonic() + 60
     for stream in (long, short):
         stream.start()
@@ -738,7 +752,7 @@ def test_8b_drain_a_stop_finishes_short_streams_refuses_new_ones_and_ends_long_o
         stop = threading.Thread(target=project.compose, args=("stop", SERVICE),
                                 kwargs={"timeout": STOP_GRACE_S + 60})  # fmt: skip
         stop.start()
-        project.wait_for_log(SERVICE, "API server: shutdown triggered", timeout_s=60)
+        wait_for_more(project, SHUTDOWN_LINE, earlier.count(SHUTDOWN_LINE), timeout_s=60)
         sigterm_at = time.monotonic()
         # a request during the drain: refused at once, the engine not asked (it is held)
         status, headers, body = post(
@@ -767,7 +781,7 @@ def test_8b_drain_a_stop_finishes_short_streams_refuses_new_ones_and_ends_long_o
     print(f"\ndrain timings: {json.dumps(DRAIN_TIMINGS)}")
     log = project.logs(SERVICE)
     # both were in flight when the engine took the SIGTERM
-    drained = re.findall(r"draining in-flight requests count=(\d+)", log)
+    drained = drain_line.findall(log)[len(drain_line.findall(earlier)) :]
     assert drained == ["2"], (drained, DRAIN_TIMINGS, log[-4000:])
     # in flight at the stop, then a normal end inside the drain
     assert short.result.finished_normally, (short.result, log[-4000:])
