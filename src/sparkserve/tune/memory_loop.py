@@ -92,6 +92,8 @@ def run_memory_loop(
                 line = str(exc) if stopped is None else f"the memory guard stopped it: {stopped}"
                 say(f"{label}: {line}")
                 trials.append(Trial(candidate.value, "NO-START", line))
+                estimate = restarts.restart_estimate_s(default_restart_s)
+                say(progress_line(index, len(candidates), started, estimate, measure_s))
                 continue
             folder = out / f"stress-{restarts.knob}-{candidate.value}"
             code = stress(folder)
