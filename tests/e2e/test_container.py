@@ -709,14 +709,6 @@ def tokens_per_s(port: int) -> float:
 SHUTDOWN_LINE = "API server: shutdown triggered"  # vLLM's API server took a SIGTERM
 
 
-def wait_for_more(project: ComposeProject, text: str, seen: int, timeout_s: float) -> None:
-    """Wait until the container's log holds `text` more than `seen` times."""
-    deadline = time.monotonic() + timeout_s
-    while project.logs(SERVICE).count(text) <= seen:
-        assert time.monotonic() < deadline, f"no new {text!r} in {timeout_s:.0f} s"
-        time.sleep(0.2)
-
-
 def signalled_at(project: ComposeProject, since_epoch: float) -> float | None:
     """When Docker sent the container its first signal (a `kill` event) since `since_epoch`."""
     done = docker("events", "--since", f"{since_epoch:.3f}", "--until", f"{time.time():.3f}",
@@ -752,7 +744,7 @@ def test_8b_drain_a_stop_finishes_short_streams_refuses_new_ones_and_ends_long_o
         stop = threading.Thread(target=project.compose, args=("stop", SERVICE),
                                 kwargs={"timeout": STOP_GRACE_S + 60})  # fmt: skip
         stop.start()
-        wait_for_more(project, SHUTDOWN_LINE, earlier.count(SHUTDOWN_LINE), timeout_s=60)
+        project.wait_for_log(SERVICE, SHUTDOWN_LINE, 60, seen=earlier.count(SHUTDOWN_LINE))
         sigterm_at = time.monotonic()
         # a request during the drain: refused at once, the engine not asked (it is held)
         status, headers, body = post(

@@ -177,11 +177,13 @@ class ComposeProject:
         done = docker("logs", self.container(service), check=False)
         return done.stdout + done.stderr
 
-    def wait_for_log(self, service: str, text: str, timeout_s: float) -> str:
+    def wait_for_log(self, service: str, text: str, timeout_s: float, seen: int = 0) -> str:
+        """Wait until the log holds `text` more than `seen` times (its earlier lines stay in it
+        across restarts and stops)."""
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             log = self.logs(service)
-            if text in log:
+            if log.count(text) > seen:
                 return log
             time.sleep(1)
         raise ComposeError(f"{service}: {text!r} not in its log after {timeout_s:.0f} s:\n"
