@@ -150,7 +150,6 @@ def test_memory_loop_keeps_the_largest_pool_the_hog_leaves_room_for(
     trials = {t["value"]: t for t in result["candidates"]}
     assert [t["value"] for t in result["candidates"]] == [UNFIT, LARGE, SMALL]  # largest first
     assert trials[UNFIT]["verdict"] == "REFUSED" and trials[UNFIT]["restart_s"] is None
-    assert len(result["restart_s"]) == 2
     assert trials[SMALL]["verdict"] == "PASS" and trials[SMALL]["min_available_gib"] > RESERVE_GIB
     # the large pool is unsafe: its stress run fails, or on a busier machine the memory guard
     # stops its start (a NO-START with the guard's line)
@@ -158,8 +157,10 @@ def test_memory_loop_keeps_the_largest_pool_the_hog_leaves_room_for(
     if large["verdict"] == "FAIL":
         assert large["min_available_gib"] < RESERVE_GIB
         assert large["pool_tokens"] > trials[SMALL]["pool_tokens"]
+        assert len(result["restart_s"]) == 2  # the restarts that came up healthy
     else:
         assert large["verdict"] == "NO-START" and "the memory guard stopped it" in large["line"]
+        assert len(result["restart_s"]) == 1
     assert result["kept"] == SMALL and result["running"] == SMALL
     assert (out / "tune-memory.png").read_bytes()[:8] == PNG_MAGIC
     # Left running with the value kept, never with the one that failed.
