@@ -266,10 +266,18 @@ def _weights_bytes(settings: Settings) -> tuple[int, str]:
 
 
 def _stress(
-    args: argparse.Namespace, url: str, model: str, reserve: float, record: Path
+    args: argparse.Namespace,
+    env: Mapping[str, str],
+    url: str,
+    model: str,
+    reserve: float,
+    record: Path,
 ) -> Callable[[Path], int]:
+    """The stress run of one candidate, on the tune's own knobs (env: the environment over
+    --env-file), so it sends the API_KEY the tune reached the server with."""
+
     def run(folder: Path) -> int:
-        from sparkserve.cli import main
+        from sparkserve.cli import build_parser
 
         argv = ["stress", "--url", url, "--model", model, "--out", str(folder),
                 "--os-reserve-gb", f"{reserve:g}", "--gen-tokens", str(args.gen_tokens),
@@ -279,8 +287,9 @@ def _stress(
         if args.prompt_tokens:
             argv += ["--prompt-tokens", str(args.prompt_tokens)]
         # stdout carries only the knob lines: the stress run's verdict goes to stderr
+        parsed = build_parser().parse_args(argv)
         with contextlib.redirect_stdout(sys.stderr):
-            return main(argv)
+            return int(parsed.run(parsed, env))
 
     return run
 
@@ -375,7 +384,7 @@ def _memory(args: argparse.Namespace, env: Mapping[str, str]) -> int:
     record = marker_path(served["HF_HOME"])  # the guard's stop record, as the server sees it
     out.mkdir(parents=True, exist_ok=True)
     trials, kept = run_memory_loop(
-        restarts, candidates, _stress(args, server.url, info.model, reserve, record), out,
+        restarts, candidates, _stress(args, env, server.url, info.model, reserve, record), out,
         record, args.stress_s, default_restart, say,
     )  # fmt: skip
     result = {
