@@ -271,7 +271,7 @@ def _stress(
     url: str,
     model: str,
     reserve: float,
-    record: Path,
+    record: Path | None,
 ) -> Callable[[Path], int]:
     """The stress run of one candidate, on the tune's own knobs (env: the environment over
     --env-file), so it sends the API_KEY the tune reached the server with."""
@@ -281,7 +281,9 @@ def _stress(
 
         argv = ["stress", "--url", url, "--model", model, "--out", str(folder),
                 "--os-reserve-gb", f"{reserve:g}", "--gen-tokens", str(args.gen_tokens),
-                "--settle-s", f"{args.settle_s:g}", "--guard-record", str(record)]  # fmt: skip
+                "--settle-s", f"{args.settle_s:g}"]  # fmt: skip
+        if record is not None:
+            argv += ["--guard-record", str(record)]
         if args.bank:
             argv += ["--bank", args.bank]
         if args.prompt_tokens:
@@ -381,7 +383,9 @@ def _memory(args: argparse.Namespace, env: Mapping[str, str]) -> int:
     startable = sum(1 for c in candidates if c.refused is None)
     say(estimate_line(startable, default_restart, args.stress_s, "a stress run"))
     restarts = Restarts(driver, knob, start_value, args.healthy_timeout_s, say)
-    record = marker_path(served["HF_HOME"])  # the guard's stop record, as the server sees it
+    # The guard's stop record, where the server writes it: a path of this host only for the
+    # launcher driver (a container keeps it on the model volume, out of the tune's reach).
+    record = marker_path(served["HF_HOME"]) if args.driver == "launcher" else None
     out.mkdir(parents=True, exist_ok=True)
     trials, kept = run_memory_loop(
         restarts, candidates, _stress(args, env, server.url, info.model, reserve, record), out,
