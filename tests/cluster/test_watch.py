@@ -30,8 +30,8 @@ from support.watches import wait_joined as joined
 from support.watches import watch_argv
 
 PEER_TIMEOUT_S = 2.0
-# The watch's own default --grace-s, the grace the promise is stated with: a shorter one left
-# a busy machine's scheduling about a second of the bound (a 5 s bound once missed).
+# The watch's own default --grace-s, the grace the promise is stated with (a shorter one
+# leaves a busy machine's scheduling too little of the bound).
 GRACE_S = 5.0
 # The promised bound from a failure to the surviving node's tree gone (docs/CLUSTER.md, "The
 # bound"), with this module's timeout and grace; the figures: benchmarks/watch_reaction.py.

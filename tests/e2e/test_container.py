@@ -372,10 +372,7 @@ def test_2_serves_the_api_from_the_cached_model(project: ComposeProject, tmp_pat
     # Python, the knobs the container holds (OS_RESERVE_GB, left out of .env, is the cpu
     # image's 4, not the registry's 14), results copied out to --out or SPARKSERVE_RESULTS.
     project.unset_env("OS_RESERVE_GB")
-    env = dict(os.environ, PYTHON="/nonexistent/python3", SPARKSERVE_RESULTS=str(tmp_path),
-               **project.compose_env())  # fmt: skip
-    for knob in project.env:
-        env.pop(knob, None)
+    env = project.script_env(PYTHON="/nonexistent/python3", SPARKSERVE_RESULTS=str(tmp_path))
     stress = subprocess.run(
         [str(REPO / "scripts" / "stress_mem.sh"), "--out", str(tmp_path / "stress"),
          "--bank", "1,2", "--prompt-tokens", "512", "--gen-tokens", "32", "--settle-s", "0.5",
@@ -567,10 +564,7 @@ def test_5b_tune_memory_recreates_the_compose_service_and_writes_the_env(
     serving(project)
     start = project.env["KV_CACHE_GB"]
     assert start != TUNED_POOL
-    env = dict(os.environ, PYTHON=sys.executable, SPARKSERVE_ENV_FILE=str(project.env_file),
-               **project.compose_env())  # fmt: skip
-    for knob in project.env:
-        env.pop(knob, None)
+    env = project.script_env(PYTHON=sys.executable, SPARKSERVE_ENV_FILE=str(project.env_file))
     out = tmp_path / "tune"
     done = subprocess.run(
         [str(REPO / "scripts" / "tune.sh"), "memory", "--service", SERVICE,
@@ -625,8 +619,7 @@ class Stream:
         from openai import OpenAI
 
         # a minute of decoding: still in flight at the kill or stop however slowly this client
-        # reads (the server runs ahead of a client starved of CPU; 3,500 tokens once ended
-        # before the kill on a busy machine)
+        # reads (the server runs ahead of a client starved of CPU)
         max_tokens = min(30000, max(int(tokens_per_s(port_of(project)) * 60), 4000))
 
         client = OpenAI(base_url=f"http://127.0.0.1:{port_of(project)}/v1", api_key=API_KEY,

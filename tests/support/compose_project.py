@@ -98,6 +98,12 @@ class ComposeProject:
             "COMPOSE_ENV_FILES": str(self.env_file),
         }
 
+    def script_env(self, **extra: str) -> dict[str, str]:
+        """The environment of a repository script run from the host against this project:
+        Compose's variables naming it, none of its knobs (they come from its .env), plus extra."""
+        env = {k: v for k, v in os.environ.items() if k not in self.env}
+        return {**env, **self.compose_env(), **extra}
+
     def compose(
         self, *args: str, timeout: float = 300, check: bool = True
     ) -> subprocess.CompletedProcess:
