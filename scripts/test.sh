@@ -1,7 +1,15 @@
 #!/usr/bin/env bash
 # The project's one test command (CI runs exactly this): builds or reuses the cached test
-# venvs, lints, then runs pytest. Arguments go to pytest, e.g. `./scripts/test.sh -k patch`.
+# venvs (each exactly its hash lock, requirements/*.lock), lints, then runs pytest. Arguments
+# go to pytest, e.g. `./scripts/test.sh -k patch`. `--quick` first: the contributors' inner
+# loop, every test that starts no vLLM server and no container (all but tests/e2e), no Docker.
 set -euo pipefail
+
+quick=0
+if [[ "${1:-}" == --quick ]]; then
+  quick=1
+  shift
+fi
 
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 # shellcheck source=scripts/lib/venv.sh
@@ -25,38 +33,41 @@ set -a
 source "${REPO}/versions.env"
 set +a
 
-# The local torch wheels are built for CPython 3.11.
+# A requirement changed without its lock: say so before building anything from the old lock.
+if ! python3 "${SPARKSERVE_LOCKS_PY}" stale >&2; then
+  exit 1
+fi
+
+# The locks and the local torch wheels are for CPython 3.11.
 PYTHON="${SPARKSERVE_PYTHON:-$(command -v python3.11 || command -v python3)}"
 
 core="$(ensure_venv core "${PYTHON}" install_core_venv \
-  "${REPO}/requirements/test-core.txt" "${REPO}/requirements/test-core-nodeps.txt" \
-  "${REPO}/versions.env" "${REPO}/scripts/lib/installers.sh")"
+  "${REPO}/requirements/test-core.lock" "${REPO}/scripts/lib/installers.sh")"
 # The CPU build of vLLM that end-to-end tests serve with; the test-only shim plugin it carries
 # is part of its key (it is copied into the venv).
 mapfile -t shim_files < <(git -C "${REPO}" ls-files tests/cpu_shims | sed "s|^|${REPO}/|")
 install_cpu_venv() { install_cpu_serve_venv "$1" "${REPO}"; }
 cpu="$(ensure_venv cpu-serve "${PYTHON}" install_cpu_venv \
-  "${REPO}/requirements/cpu-serve.txt" "${REPO}/versions.env" \
+  "${REPO}/requirements/cpu-serve.lock" "${REPO}/versions.env" \
   "${REPO}/scripts/lib/cpu_serve_venv.sh" "${REPO}/docker/install-vllm-cpu.sh" \
   "${shim_files[@]}")"
 export SPARKSERVE_CPU_PYTHON="${cpu}/bin/python"
 # olah, the Hugging Face mirror that the download-fault tests run as their Hub (its own venv:
 # the client under test is the core venv's huggingface_hub).
 hub_mirror="$(ensure_venv hub-mirror "${PYTHON}" install_hub_mirror_venv \
-  "${REPO}/requirements/test-hub-mirror.txt" "${REPO}/scripts/lib/hub_mirror_venv.sh")"
+  "${REPO}/requirements/test-hub-mirror.lock" "${REPO}/scripts/lib/hub_mirror_venv.sh")"
 export SPARKSERVE_OLAH="${hub_mirror}/bin/olah-cli"
 # compose-lint for scripts/lint.sh; not on PATH (its python must not shadow the test venv's).
 install_lint_venv() {
-  "$1/bin/python" -m pip install --quiet --disable-pip-version-check \
-    -r "${REPO}/requirements/lint.txt"
+  install_lock "$1" lint
+  verify_lock "$1" lint
 }
-lint_venv="$(ensure_venv lint "${PYTHON}" install_lint_venv "${REPO}/requirements/lint.txt")"
+lint_venv="$(ensure_venv lint "${PYTHON}" install_lint_venv "${REPO}/requirements/lint.lock")"
 export COMPOSE_LINT="${lint_venv}/bin/compose-lint"
 # schemathesis for tests/e2e/test_bad_requests.py, in its own venv (its pytest plugin and
 # hypothesis stay out of the suite's processes); the test runs its CLI.
-install_fuzz_venv() { install_api_fuzz_venv "$1" "${REPO}"; }
-fuzz="$(ensure_venv api-fuzz "${PYTHON}" install_fuzz_venv \
-  "${REPO}/requirements/test-api-fuzz.txt" "${REPO}/scripts/lib/api_fuzz_venv.sh")"
+fuzz="$(ensure_venv api-fuzz "${PYTHON}" install_api_fuzz_venv \
+  "${REPO}/requirements/test-api-fuzz.lock" "${REPO}/scripts/lib/api_fuzz_venv.sh")"
 export SPARKSERVE_SCHEMATHESIS="${fuzz}/bin/schemathesis"
 SPARKSERVE_VLLM_BUGGY_SRC="$(ensure_vllm_source "${VLLM_BUGGY_VERSION}")"
 export SPARKSERVE_VLLM_BUGGY_SRC
@@ -71,6 +82,11 @@ export PATH="${core}/bin:${PATH}"
 # built by podman/buildah on a Debian base image (this machine's pip settings reach the build
 # there), run by a Docker Engine of the suite's own with Compose v2 (scripts/lib/docker_engine.sh);
 # the daemon stops when this run ends. SPARKSERVE_CONTAINER_TESTS=0 skips it.
+marks=()
+if ((quick)); then
+  export SPARKSERVE_CONTAINER_TESTS=0
+  marks=(-m "not e2e")
+fi
 if [[ "${SPARKSERVE_CONTAINER_TESTS:-1}" == 1 ]]; then
   prepare_suite_docker "${REPO}" "${core}"
 fi
@@ -84,4 +100,4 @@ cd "${REPO}"
 # with a memory hog share one (tests/conftest.py). `-n 0` among the arguments runs one process.
 # Not exec'd: the EXIT trap stops the suite's Docker Engine after pytest.
 PYTHONPATH="${REPO}/src${PYTHONPATH:+:${PYTHONPATH}}" "${core}/bin/python" -m pytest \
-  -n 2 --dist loadgroup --no-loadscope-reorder "$@"
+  -n 2 --dist loadgroup --no-loadscope-reorder "${marks[@]}" "$@"

@@ -25,8 +25,7 @@ set +a
 (($# > 0)) || { echo "usage: $0 COMMAND [ARGS...]" >&2; exit 2; }
 PYTHON="${SPARKSERVE_PYTHON:-$(command -v python3.11 || command -v python3)}"
 core="$(ensure_venv core "${PYTHON}" install_core_venv \
-  "${REPO}/requirements/test-core.txt" "${REPO}/requirements/test-core-nodeps.txt" \
-  "${REPO}/versions.env" "${REPO}/scripts/lib/installers.sh")"
+  "${REPO}/requirements/test-core.lock" "${REPO}/scripts/lib/installers.sh")"
 prepare_suite_docker "${REPO}" "${core}"
 export PATH="${core}/bin:${PATH}"
 cd "${REPO}"

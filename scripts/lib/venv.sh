@@ -1,8 +1,14 @@
 # shellcheck shell=bash
-# Cached virtualenvs for the test command: each is built once per content key (its pins,
-# versions.env, the Python version and the installer's own text) and reused while that key
+# Cached virtualenvs for the test command: each is built once per content key (its lock,
+# pip's own lock, the Python version and the installer's own text) and reused while that key
 # holds. A venv only counts once its ".complete" stamp is written, so a build that died
-# half-way is thrown away, never reused. Source this file; it defines functions only.
+# half-way is thrown away, never reused. Every venv installs from a hash lock
+# (requirements/*.lock, written by scripts/lock.sh) with --no-deps: nothing unlisted enters,
+# and the build fails when the venv differs from its lock. Source this file; it defines
+# functions only.
+
+SPARKSERVE_LOCKS_PY="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)/locks.py"
+SPARKSERVE_REQUIREMENTS="$(cd "$(dirname "${BASH_SOURCE[0]}")/../../requirements" && pwd)"
 
 sparkserve_cache_dir() {
   printf '%s\n' "${SPARKSERVE_CACHE:-${XDG_CACHE_HOME:-${HOME}/.cache}/sparkserve}"
@@ -29,7 +35,7 @@ ensure_venv() {
   shift 3
   local cache key dir started
   cache="$(sparkserve_cache_dir)"
-  key="$(content_key "${python}" "$@")"
+  key="$(content_key "${python}" "${SPARKSERVE_REQUIREMENTS}/bootstrap.lock" "$@")"
   dir="${cache}/venv-${name}-${key}"
   if [[ -f "${dir}/.complete" ]]; then
     log "venv ${name}: reusing ${dir}"
@@ -51,10 +57,30 @@ ensure_venv() {
   log "venv ${name}: building ${dir} (first run on this machine or pins changed)"
   started=${SECONDS}
   "${python}" -m venv "${dir}"
-  "${dir}/bin/python" -m pip install --quiet --upgrade pip >&2
+  "${dir}/bin/python" -m pip install --quiet --disable-pip-version-check --no-deps \
+    --require-hashes -r "${SPARKSERVE_REQUIREMENTS}/bootstrap.lock" >&2
   "${install_fn}" "${dir}" >&2
   touch "${dir}/.complete"
   exec {lock_fd}>&-
   log "venv ${name}: built in $((SECONDS - started)) s"
   printf '%s\n' "${dir}"
+}
+
+# install_lock VENV NAME: requirements/NAME.lock into VENV, exactly: pip's --no-deps and
+# --require-hashes, then the venv module's own setuptools removed unless the lock pins it.
+install_lock() {
+  local venv="$1" name="$2" lock="${SPARKSERVE_REQUIREMENTS}/$2.lock"
+  "${venv}/bin/python" -m pip install --quiet --disable-pip-version-check --no-deps \
+    --require-hashes -r "${lock}"
+  if ! grep -q '^setuptools==' "${lock}"; then
+    "${venv}/bin/python" -m pip uninstall --quiet --disable-pip-version-check -y setuptools
+  fi
+}
+
+# verify_lock VENV NAME [DIST==VERSION...]: fail unless VENV holds exactly NAME's lock, pip's
+# own lock and the listed distributions that the project installs itself.
+verify_lock() {
+  local venv="$1" name="$2"
+  shift 2
+  python3 "${SPARKSERVE_LOCKS_PY}" verify "${name}" "${venv}/bin/python" "$@"
 }

@@ -367,7 +367,7 @@ def _run(args: argparse.Namespace) -> int:
     except ImportError as error:
         print(
             f"sparkserve dashboard: {error.name or 'grafana_foundation_sdk'} is not installed; "
-            "pip install the grafana-foundation-sdk pinned in requirements/test-core.txt",
+            "pip install the grafana-foundation-sdk pinned in requirements/test-core.lock",
             file=sys.stderr,
         )
         return 2

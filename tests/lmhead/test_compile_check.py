@@ -29,7 +29,7 @@ IMAGE_TRITON = _pin(REPO / "requirements" / "spark-aarch64.lock")
 
 
 def test_the_test_venv_pins_the_images_triton() -> None:
-    assert _pin(REPO / "requirements" / "test-core.txt") == IMAGE_TRITON
+    assert _pin(REPO / "requirements" / "test-core.lock") == IMAGE_TRITON
 
 
 def _skip_reason() -> str | None:
