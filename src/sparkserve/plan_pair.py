@@ -48,6 +48,7 @@ from sparkserve.plan import (
     MachineMemory,
     Sources,
     active_bytes,
+    assumption_rows,
     ceilings,
     kv_request,
     machine_memory,
@@ -383,6 +384,7 @@ def render_pair(plan: PairPlan) -> str:
     i = plan.inputs
     rows: list[tuple[str, str]] = [
         *model_rows(i),
+        *assumption_rows(i, plan.pool),
         ("nodes", f"2 ({_layout_line(plan)})"),
         ("machine memory", f"{_g(plan.mem_total_bytes)} each"),
         (

@@ -45,6 +45,10 @@ def target_config() -> dict:
         "linear_key_head_dim": 128,
         "linear_value_head_dim": 128,
         "linear_conv_kernel_dim": 4,
+        # Qwen3.5 checkpoints publish their GatedDeltaNet state dtype; vLLM reads it
+        # (docs/MEMORY.md, "The dtypes"). Without it the state is bf16 and the geometry not a
+        # Spark's: attention block 1216 instead of the logged 2240.
+        "mamba_ssm_dtype": "float32",
         # assumption: 256 routed experts, 8 per token, plus a shared expert
         "num_experts": 256,
         "num_experts_per_tok": 8,

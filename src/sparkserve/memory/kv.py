@@ -35,7 +35,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from sparkserve.memory.checkpoint import layer_kinds
+from sparkserve.memory.checkpoint import layer_kinds, read_config
+from sparkserve.memory.dtypes import Dtypes, resolve_dtypes
 
 # Attention backends by the name vLLM uses; the class path is the same in 0.32 and 0.33.
 BACKENDS: dict[str, str] = {
@@ -73,10 +74,16 @@ class KvRequest:
     tensor_parallel: int = 1
     pipeline_parallel: int = 1
     node_kv_bytes: tuple[int, ...] = ()
+    # Every dtype handed to vLLM (None: config.json's, by vLLM's rules on a Spark; see
+    # sparkserve.memory.dtypes): left to "auto", vLLM would fill them from the environment.
+    dtypes: Dtypes | None = None
 
     @property
     def nodes(self) -> int:
         return self.tensor_parallel * self.pipeline_parallel
+
+    def resolved_dtypes(self) -> Dtypes:
+        return self.dtypes or resolve_dtypes(read_config(self.target))
 
 
 @dataclass(frozen=True)
@@ -103,6 +110,13 @@ class KvGeometry:
     max_concurrency: float  # at max_model_len
     kv_bytes_per_token: float  # of the pool: kv_bytes / pool_tokens
     notes: tuple[str, ...] = ()
+    # What vLLM's objects hold, to check against the dtypes the plan passed: the target's
+    # attention KV dtype and a Mamba layer's state dtypes (conv, SSM).
+    attention_dtype: str | None = None
+    mamba_dtypes: tuple[str, ...] | None = None
+    # The platform modelled ("cuda": a Spark) and vLLM's platform that built the config.
+    platform: str = "cuda"
+    config_platform: str | None = None
 
     @property
     def state_bytes(self) -> float:
@@ -194,6 +208,10 @@ def _engine_config(req: KvRequest) -> Any:
         speculative_config=speculative,
         kv_cache_memory_bytes=req.kv_bytes,
     )
+    known = {f.name for f in dataclasses.fields(args)}
+    for name, value in req.resolved_dtypes().engine_args().items():
+        if name in known:
+            setattr(args, name, value)
     if req.nodes > 1:  # what the launchers pass on a pair: one GPU per node, vLLM's mp backend
         args.tensor_parallel_size = req.tensor_parallel
         args.pipeline_parallel_size = req.pipeline_parallel
@@ -201,7 +219,7 @@ def _engine_config(req: KvRequest) -> Any:
         args.node_rank = 0
         args.master_addr = "127.0.0.1"  # never contacted: only the config is built
         args.distributed_executor_backend = "mp"
-    if req.prefix_cache and "mamba_cache_mode" in {f.name for f in dataclasses.fields(args)}:
+    if req.prefix_cache and "mamba_cache_mode" in known:
         args.mamba_cache_mode = "align"  # 0.33 derives it; releases before need the flag
     return args.create_engine_config()
 
@@ -379,6 +397,7 @@ class _Built:
     worker_configs: list[Any]
     tokens: int
     concurrency: float
+    config_platform: str
 
 
 def _build(req: KvRequest) -> _Built:
@@ -399,6 +418,9 @@ def _build(req: KvRequest) -> _Built:
             from vllm.v1.core.kv_cache_utils import get_kv_cache_capacity
 
             tokens, concurrency = get_kv_cache_capacity(config, scheduler_config)
+            from vllm.platforms import current_platform
+
+            config_platform = type(current_platform).__name__
     except GeometryError:
         raise
     except Exception as error:
@@ -407,7 +429,7 @@ def _build(req: KvRequest) -> _Built:
         raise GeometryError(f"vLLM {version} rejected the setting: {why}") from None
     return _Built(
         version, platform_note, config, backend, workers, worker_configs, int(tokens),
-        float(concurrency),
+        float(concurrency), config_platform,
     )  # fmt: skip
 
 
@@ -422,6 +444,10 @@ def kv_geometry_per_node(req: KvRequest) -> tuple[KvGeometry, ...]:
     built = _build(req)
     memory = list(req.node_kv_bytes) or [req.kv_bytes] * req.nodes
     return tuple(_geometry(built, req, rank, memory[rank]) for rank in range(req.nodes))
+
+
+def _dtype_name(dtype: Any) -> str:
+    return str(dtype).removeprefix("torch.")
 
 
 def _geometry(built: _Built, req: KvRequest, rank: int, kv_bytes: int) -> KvGeometry:
@@ -454,11 +480,15 @@ def _geometry(built: _Built, req: KvRequest, rank: int, kv_bytes: int) -> KvGeom
         tensor_bytes = max(int(t.size) for t in tensors)
     else:  # 0.32: one tensor per layer slot, shared by a layer of each group
         tensor_bytes = sum(int(t.size) for t in tensors)
-    mamba_real = None
-    if config.model_config.is_hybrid:
-        mamba_real = next(
-            (int(s.real_page_size_bytes) for s in specs.values() if hasattr(s, "shapes")), None
-        )
+    mamba_real, mamba_dtypes = None, None
+    mamba = next((s for s in specs.values() if hasattr(s, "shapes")), None)
+    if config.model_config.is_hybrid and mamba is not None:
+        mamba_real = int(mamba.real_page_size_bytes)
+        mamba_dtypes = tuple(_dtype_name(d) for d in mamba.dtypes)
+    attention = next(
+        (s for n, s in specs.items() if n.startswith("model.") and not hasattr(s, "shapes")),
+        None,
+    )
     notes = [f"attention backend {backend.__name__} ({req.platform})"]
     if built.platform_note:
         notes.append(built.platform_note)
@@ -475,4 +505,8 @@ def _geometry(built: _Built, req: KvRequest, rank: int, kv_bytes: int) -> KvGeom
         max_concurrency=built.concurrency,
         kv_bytes_per_token=kv_bytes / tokens if tokens else float("inf"),
         notes=tuple(notes),
+        attention_dtype=_dtype_name(attention.dtype) if attention is not None else None,
+        mamba_dtypes=mamba_dtypes,
+        platform=req.platform,
+        config_platform=built.config_platform,
     )
