@@ -41,7 +41,7 @@ async def call(middleware: RefuseWhileDraining, path: str) -> list[dict]:
         sent.append(dict(message))
 
     scope = {"type": "http", "path": path, "app": vllm_app()}
-    await asyncio.wait_for(middleware(scope, receive, send), timeout=10)
+    await asyncio.wait_for(middleware(scope, receive, send), timeout=60)  # a hang guard
     return sent
 
 

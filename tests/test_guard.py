@@ -117,7 +117,7 @@ def test_guard_watches_and_exits_when_the_process_does(tmp_path: Path) -> None:
 def test_bad_input_is_one_line(args: list[str], expected: str) -> None:
     done = subprocess.run(
         [sys.executable, "-m", "sparkserve.guard", "--pid", str(os.getpid()), *args],
-        env=ENV, capture_output=True, text=True, timeout=30, check=False,
+        env=ENV, capture_output=True, text=True, timeout=120, check=False,
     )  # fmt: skip
     assert done.returncode == 2
     lines = done.stderr.strip().splitlines()

@@ -16,6 +16,11 @@ import pytest
 
 from sparkserve.stopping import Tree, stop
 
+# A guard against a hang, never a speed target: the grace a polite top gets (it exits at its
+# SIGTERM, long before; a short grace would turn a busy machine's late exit into a SIGKILL),
+# and every wait for an exit.
+HANG_S = 60.0
+
 # Maps a file in /dev/shm (as Python's SharedMemory, psm_*, does), ignores SIGTERM and has a
 # child that does the same: a rank stuck in a collective.
 STUCK = """
@@ -45,7 +50,7 @@ def test_a_tree_that_ignores_sigterm_is_killed_and_its_shared_memory_removed() -
             "process(es) after a 0.5 s grace; removed 1 file(s) they had in /dev/shm"
         )
         assert not segment.exists()
-        assert top.wait(timeout=5) == -9
+        assert top.wait(timeout=HANG_S) == -9
         assert not tree.alive()
     finally:
         top.kill()
@@ -56,8 +61,8 @@ def test_a_tree_that_ignores_sigterm_is_killed_and_its_shared_memory_removed() -
 def test_a_polite_tree_ends_with_sigterm_alone() -> None:
     top = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)"])
     try:
-        assert stop(Tree(top.pid), grace_s=5) == "the top exited after SIGTERM"
-        assert top.wait(timeout=5) == -15
+        assert stop(Tree(top.pid), grace_s=HANG_S) == "the top exited after SIGTERM"
+        assert top.wait(timeout=HANG_S) == -15
     finally:
         top.kill()
 
@@ -88,13 +93,13 @@ def test_a_draining_tree_is_stopped_without_waiting_for_its_drain() -> None:
     engine = int(top.stdout.readline())
     try:
         tree = Tree(top.pid)
-        how = stop(tree, grace_s=30)
+        how = stop(tree, grace_s=HANG_S)
         # the engine went first: the top then had nothing to wait for, long before the grace
         assert how == (
             "SIGKILL to 1 process(es) below the top at once (no drain); the top exited after "
             "SIGTERM"
         )
-        assert top.wait(timeout=5) == 0
+        assert top.wait(timeout=HANG_S) == 0
         assert not tree.alive()
     finally:
         top.kill()
@@ -116,15 +121,16 @@ def test_the_guard_beside_vllm_is_spared_and_exits_by_itself(tmp_path: Path) -> 
     top = subprocess.Popen(["sh", "-c", guard], env=env)
     prom = tmp_path / "guard.prom"
     try:
-        deadline = time.monotonic() + 60
+        deadline = time.monotonic() + HANG_S
         while "sparkserve_guard_watching 1" not in _read(prom):
             assert time.monotonic() < deadline, "the guard never started watching"
             time.sleep(0.1)
         tree = Tree(top.pid)
         assert len(tree.watchers) == 1 and not tree.below()
-        assert stop(tree, grace_s=5) == "the top exited after SIGTERM"
+        assert stop(tree, grace_s=HANG_S) == "the top exited after SIGTERM"
+        deadline = time.monotonic() + HANG_S
         while "sparkserve_guard_watching 0" not in _read(prom):
-            assert time.monotonic() < deadline + 30, _read(prom)
+            assert time.monotonic() < deadline, f"the guard still watches: {_read(prom)}"
             time.sleep(0.1)
     finally:
         top.kill()
@@ -176,11 +182,11 @@ def test_under_the_launchers_shell_the_api_server_is_sigtermed_and_the_engine_ki
         tree = Tree(top.pid)
         assert [p.pid for p in tree.below()] == [engine], tree.below()
         assert len(tree.tops()) == 2 and len(tree.watchers) == 1, (tree.tops(), tree.watchers)
-        said = stop(tree, grace_s=5)
+        said = stop(tree, grace_s=HANG_S)
         assert said.startswith("SIGKILL to 1 process(es) below the top at once"), said
         assert said.endswith("the top exited after SIGTERM"), said
         assert done.read_text() == "SIGTERM"
-        top.wait(timeout=10)  # the shell went with it
+        top.wait(timeout=HANG_S)  # the shell went with it
     finally:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(top.pid, signal.SIGKILL)  # the keeper stand-in, too

@@ -17,7 +17,7 @@ from support import netns
 from support.watches import wait_joined, watch_argv
 
 REPO = Path(__file__).resolve().parents[2]
-WAIT_S = 20
+WAIT_S = 60  # --pair-wait of two doctors that meet: they return on meeting; a hang guard
 
 
 @pytest.fixture()

@@ -142,8 +142,19 @@ def test_a_wrong_target_and_a_missing_metric_are_named(tmp_path: Path) -> None:
     exporter, node_port = node_exporter(tmp_path, textfiles)
     prometheus = Prometheus(tmp_path, {"vllm": nothing, "node": f"{LOOPBACK}:{node_port}"})
     with exporter, prometheus.run():
+        # Once both targets were scraped (a guard against a hang, not a speed target), the
+        # wait reports what it sees at once.
+        deadline = time.monotonic() + 60
+        while True:
+            health = {t["labels"]["job"]: t["health"] for t in prometheus.api("targets")[
+                "activeTargets"
+            ]}  # fmt: skip
+            if (health.get("vllm"), health.get("node")) == ("down", "up"):
+                break
+            assert time.monotonic() < deadline, health
+            time.sleep(0.2)
         with pytest.raises(PrometheusError) as info:
-            prometheus.wait_targets_up(timeout_s=6)
+            prometheus.wait_targets_up(timeout_s=0)
         message = str(info.value)
         assert f"job vllm at http://{nothing}/metrics is down" in message
         assert "connection refused" in message and "job node" not in message
@@ -171,7 +182,12 @@ def test_every_panel_has_data_after_a_bench(shared_server: VllmServer, tmp_path:
             capture_output=True, text=True, timeout=300,
         )  # fmt: skip
         assert bench.returncode == 0, bench.stderr
-        time.sleep(3)  # a few scrapes after the last request
+        # Two scrapes of every target after the last request (a guard against a hang, 60 s).
+        after = time.time() + 2.0
+        deadline = time.monotonic() + 60
+        while min(prometheus.values("timestamp(up)") or [0.0]) <= after:
+            assert time.monotonic() < deadline, "Prometheus stopped scraping"
+            time.sleep(0.2)
         window = f"{int(time.monotonic() - prometheus.started) + 5}s"  # covers the whole bench
         empty = []
         for title, expr in dashboard_queries():

@@ -35,10 +35,11 @@ def test_each_host_keeps_its_lowest_memory_and_its_swap(stand_in: WatchStandIn) 
     watch = found
     watch.period_s = 0.05
     watch.start()
-    deadline = time.monotonic() + 10
+    deadline = time.monotonic() + 60  # a guard against a hang: 5 readings take 0.25 s
     while watch.hosts["1"].readings < 5 and time.monotonic() < deadline:
         time.sleep(0.05)
     watch.stop()
+    assert watch.hosts["1"].readings >= 5, "the watch stopped reading the worker"
     assert stand_in.asked[0] == {"kind": "probe"}
     report = watch.report(reserve_gib=10.0, swap_tolerance_gib=0.0)
     head, worker = report["hosts"]["head"], report["hosts"]["worker"]

@@ -56,7 +56,7 @@ def _answers(url: str) -> bool:
 
 
 @contextlib.contextmanager
-def process(argv: list[str], log: Path, ready_url: str, timeout_s: float = 30) -> Iterator[None]:
+def process(argv: list[str], log: Path, ready_url: str, timeout_s: float = 120) -> Iterator[None]:
     """Run argv (output to log) until the block ends; wait first until ready_url answers 200."""
     with log.open("wb") as out:
         proc = subprocess.Popen(
@@ -139,7 +139,7 @@ class Prometheus:
             raise PrometheusError(f"{path} {params}: {body.get('errorType')}: {body.get('error')}")
         return body["data"]
 
-    def wait_targets_up(self, timeout_s: float = 30) -> None:
+    def wait_targets_up(self, timeout_s: float = 120) -> None:
         """Every target scraped successfully once; else name the ones that are not, and why."""
         deadline = time.monotonic() + timeout_s
         while True:
