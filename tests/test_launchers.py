@@ -28,7 +28,7 @@ CASES: dict[str, tuple[str, dict[str, str], dict[str, object]]] = {
         "max_model_len": 262144, "max_num_seqs": 3, "max_num_batched_tokens": 8192,
         "gpu_memory_utilization": 0.82, "draft_architecture": "DFlashDraftModel",
         "tool_call_parser": "qwen3_xml", "reasoning_parser": "qwen3",
-        "shutdown_timeout": 50, "middleware": ["sparkserve.draining.RefuseWhileDraining"],
+        "shutdown_timeout": 50, "middleware": ["sparkserve.access.RequireKeyThenDrain"],
     }),
     "dflash-no-prefix-cache": ("dflash", {"PREFIX_CACHE": "0"}, {
         "speculative_method": "dflash", "enable_prefix_caching": False,

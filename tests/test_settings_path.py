@@ -44,6 +44,8 @@ ENV: dict[str, str] = {
     "SPARK_LMHEAD_CALIBRATE": "SPARK_LMHEAD_CALIBRATE",
     "HF_HOME": "HF_HOME",
     "API_KEY": "VLLM_API_KEY",
+    "METRICS_OPEN": "METRICS_OPEN",  # read there by sparkserve.access
+    "MAX_REQUEST_MB": "MAX_REQUEST_MB",
 }
 SPECULATIVE = {
     "NUM_SPEC_TOKENS": "num_speculative_tokens",
@@ -59,6 +61,7 @@ OTHER = {
     "SPARK_LMHEAD_CALIBRATE": "off", "HF_HOME": "/cache", "API_KEY": "k3y",
     "NUM_SPEC_TOKENS": "4", "DRAFT_MODEL": "org/other-drafter",
     "DRAFT_ATTENTION_BACKEND": "FLEX_ATTENTION", "SHUTDOWN_TIMEOUT_S": "20",
+    "METRICS_OPEN": "1", "MAX_REQUEST_MB": "64",
 }  # fmt: skip
 MODES = ("unset", "default", "other")
 
@@ -171,13 +174,20 @@ def test_the_mamba_align_flag_follows_the_targets_own_config(
         assert ("--mamba-cache-mode" in argv) is (version == "0.32.0"), (image, version)
 
 
+def middlewares(argv: tuple[str, ...]) -> list[str]:
+    """The --middleware values, in order."""
+    return [argv[i + 1] for i, arg in enumerate(argv) if arg == "--middleware"]
+
+
 def test_a_stop_drains_behind_the_refusing_middleware_or_aborts_at_zero() -> None:
     drains = vllm_command(resolve_settings({}, "dflash"), "0.32.0", hybrid=True).argv
     assert value(list(drains), "--shutdown-timeout") == BY_NAME["SHUTDOWN_TIMEOUT_S"].default
-    assert value(list(drains), "--middleware") == "sparkserve.draining.RefuseWhileDraining"
+    # one --middleware (vLLM warns of a second): the key and the body limit, then the drain
+    assert middlewares(drains) == ["sparkserve.access.RequireKeyThenDrain"]
     aborts = vllm_command(resolve_settings({"SHUTDOWN_TIMEOUT_S": "0"}, "mtp"), "0.33.0",
                           hybrid=True).argv  # fmt: skip
-    assert value(list(aborts), "--shutdown-timeout") == "0" and "--middleware" not in aborts
+    assert value(list(aborts), "--shutdown-timeout") == "0"
+    assert middlewares(aborts) == ["sparkserve.access.RequireKey"]  # guarded without a drain
 
 
 # ---------------------------------------------------------------- through the real compose

@@ -6,8 +6,9 @@ after shutdown" (its tokenizer pool is shut first), /health stays 200, and a str
 running when the timeout ends gets no more data and no end: vLLM kills its engine, then its
 HTTP server waits for that connection to close, until the client gives up or Docker's SIGKILL.
 
-The launchers pass this ASGI middleware (`--middleware sparkserve.draining.RefuseWhileDraining`;
-vLLM adds a class with `app.add_middleware`). From the SIGTERM on:
+The launchers pass this ASGI middleware behind the access one (`--middleware
+sparkserve.access.RequireKeyThenDrain`; vLLM adds a class with `app.add_middleware`). From the
+SIGTERM on:
 - every new request but /metrics gets HTTP 503 with a JSON error in vLLM's shape,
   `Retry-After` and `Connection: close`, so that a client or a load balancer goes elsewhere or
   comes back later;

@@ -259,8 +259,21 @@ KNOBS: tuple[Knob, ...] = (
          why="Port of the OpenAI-compatible API."),
     Knob("API_KEY", "text", "", group="network", empty_ok=True, secret=True,
          pattern=r"\S+",
-         why="Bearer token clients must send; empty means no authentication. Passed to "
-             "vLLM through its environment, never on the command line."),
+         why="Bearer token clients must send (`Authorization: Bearer <key>`) on every route "
+             "but /health (and /metrics with METRICS_OPEN=1): the rest answer HTTP 401 "
+             "without it, whatever vLLM adds; empty means no authentication. Passed to vLLM "
+             "through its environment, never on the command line."),
+    Knob("METRICS_OPEN", "bool", "0", group="network",
+         why="1 serves /metrics without API_KEY, for a Prometheus that has no key (the "
+             "metrics profile's: set 1 there when API_KEY is set). 0 guards it like every "
+             "route but /health: it names the model and the deployment's settings. Without "
+             "API_KEY every route is open anyway."),
+    Knob("MAX_REQUEST_MB", "int", "8", minimum=1, maximum=1024, group="network",
+         why="Largest request body in MiB: a larger one gets HTTP 413 on every route, before "
+             "it is read (a chunked one once it passes the limit). A request at the full "
+             "262,144-token context is about 1 MiB of JSON, up to about 2.5 MiB with every "
+             "character escaped or as token ids; 8 is three times that. Images sent inline "
+             "(base64) count too: raise it for large ones."),
     Knob("HF_TOKEN", "text", "", group="network", empty_ok=True, secret=True,
          pattern=r"\S+",
          why="Hugging Face token for gated or private checkpoints; empty for public ones."),
@@ -279,7 +292,7 @@ KNOBS: tuple[Knob, ...] = (
     Knob("BIND_ADDRESS", "text", "127.0.0.1", group="network", scope="compose",
          pattern=_HOSTNAME,
          why="Host address compose publishes the API on; 0.0.0.0 opens it to your network "
-             "(set API_KEY first)."),
+             "(set API_KEY first: it then guards every route but /health)."),
     # Two Sparks (docs/CLUSTER.md): one model split across a head and a worker
     Knob("CLUSTER_NODES", "int", "1", minimum=1, maximum=2, group="cluster",
          why="Machines that serve the model together: 1 is one Spark; 2 splits it over two "

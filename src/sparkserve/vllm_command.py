@@ -19,7 +19,8 @@ from sparkserve.shell import shell_quote
 from sparkserve.workarounds import WORKAROUNDS
 
 SECRET_ENV = ("VLLM_API_KEY", "HF_TOKEN")
-DRAIN_MIDDLEWARE = "sparkserve.draining.RefuseWhileDraining"
+ACCESS_MIDDLEWARE = "sparkserve.access.RequireKey"
+ACCESS_THEN_DRAIN = "sparkserve.access.RequireKeyThenDrain"
 
 
 @dataclass(frozen=True)
@@ -83,17 +84,18 @@ def cluster_args(settings: Settings, join_timeout_s: int) -> list[str]:
 
 
 def drain_args(settings: Settings) -> list[str]:
-    """How a SIGTERM stops vLLM: the requests in flight get SHUTDOWN_TIMEOUT_S to finish (0:
-    aborted at once), new ones HTTP 503 meanwhile (sparkserve.draining). Every release the
-    project runs has both options, so no release gates them: --shutdown-timeout in
-    engine/arg_utils.py (0.27.1: line 1643; 0.32: 1902; 0.33: 1941), --middleware in
-    entrypoints/openai/cli_args.py (0.27.1: line 301) and entrypoints/launchers/cli_args.py
-    (0.32: 351; 0.33: 361)."""
+    """How a SIGTERM stops vLLM, and who reaches it: the requests in flight get
+    SHUTDOWN_TIMEOUT_S to finish (0: aborted at once), new ones HTTP 503 meanwhile
+    (sparkserve.draining); the key on every route but the open ones and the body limit on
+    every server (sparkserve.access), checked first. One --middleware: vLLM 0.32 and 0.33 log
+    "Found duplicate keys --middleware" for a second one (it keeps both), so one class holds
+    both when the drain is on. Every release the project runs has both options, so no release
+    gates them: --shutdown-timeout in engine/arg_utils.py (0.27.1: line 1643; 0.32: 1902;
+    0.33: 1941), --middleware in entrypoints/openai/cli_args.py (0.27.1: line 301) and
+    entrypoints/launchers/cli_args.py (0.32: 351; 0.33: 361)."""
     timeout = settings["SHUTDOWN_TIMEOUT_S"]
-    args = ["--shutdown-timeout", timeout]
-    if int(timeout) > 0:
-        args += ["--middleware", DRAIN_MIDDLEWARE]
-    return args
+    middleware = ACCESS_THEN_DRAIN if int(timeout) > 0 else ACCESS_MIDDLEWARE
+    return ["--shutdown-timeout", timeout, "--middleware", middleware]
 
 
 def join_timeout_s(settings: Settings) -> int:
@@ -110,6 +112,9 @@ def vllm_env(settings: Settings, host_ip: str) -> dict[str, str]:
         ],
         "SPARK_KEEP_BF16_LMHEAD": settings["SPARK_KEEP_BF16_LMHEAD"],
         "SPARK_LMHEAD_CALIBRATE": settings["SPARK_LMHEAD_CALIBRATE"],
+        # read by the access middleware inside vLLM (sparkserve.access)
+        "METRICS_OPEN": settings["METRICS_OPEN"],
+        "MAX_REQUEST_MB": settings["MAX_REQUEST_MB"],
         # the fetch step has put every checkpoint into the cache: vLLM never downloads
         "HF_HUB_OFFLINE": "1",
     }

@@ -67,14 +67,18 @@ CASES: list[tuple[str, str, Any, int | str]] = [
      {"model": MODEL_NAME, "messages": HI, "max_tokens": 10**9}, 400),
     ("unknown model name", "/v1/chat/completions",
      {"model": "no-such-model", "messages": HI, "max_tokens": 4}, 404),
+    # a body above MAX_REQUEST_MB (8 MiB by default) is refused before it is read
+    # (sparkserve.access), whatever it holds
     ("10 MB prompt", "/v1/completions",
-     {"model": MODEL_NAME, "prompt": "x" * TEN_MB, "max_tokens": 4}, 400),
+     {"model": MODEL_NAME, "prompt": "x" * TEN_MB, "max_tokens": 4}, 413),
     ("10 MB chat message", "/v1/chat/completions",
      {"model": MODEL_NAME, "messages": [{"role": "user", "content": "x" * TEN_MB}],
-      "max_tokens": 4}, 400),
-    # vLLM ignores fields it does not know (it logs them): answered, never a 5xx
+      "max_tokens": 4}, 413),
     ("10 MB body in an unknown field", "/v1/completions",
-     {"model": MODEL_NAME, "prompt": "hi", "max_tokens": 4, "padding": "x" * TEN_MB}, "not 5xx"),
+     {"model": MODEL_NAME, "prompt": "hi", "max_tokens": 4, "padding": "x" * TEN_MB}, 413),
+    # vLLM ignores fields it does not know (it logs them): answered, never a 5xx
+    ("an unknown field", "/v1/completions",
+     {"model": MODEL_NAME, "prompt": "hi", "max_tokens": 4, "padding": "x" * 1000}, "not 5xx"),
     ("invalid JSON", "/v1/chat/completions", b'{"model": "tiny", "messages": [{"role":', 400),
     ("not JSON at all", "/v1/completions", b"\x00\xff not json", 400),
     ("tool parameters that are not a schema", "/v1/chat/completions",

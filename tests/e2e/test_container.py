@@ -228,7 +228,7 @@ def get(url: str, key: str | None = None) -> tuple[int, bytes]:
 
 
 def metrics(project: ComposeProject) -> dict:
-    status, body = get(f"http://127.0.0.1:{port_of(project)}/metrics")
+    status, body = get(f"http://127.0.0.1:{port_of(project)}/metrics", API_KEY)
     assert status == 200
     return parse_metrics(body.decode())
 
@@ -325,6 +325,10 @@ def test_2_serves_the_api_from_the_cached_model(project: ComposeProject, tmp_pat
     with pytest.raises(AuthenticationError):
         OpenAI(base_url=base, api_key="wrong-key").models.list()
     assert get(f"{base}/models")[0] == 401
+    # the rest of the API too, /metrics among them (METRICS_OPEN=0); /health stays open
+    root = f"http://127.0.0.1:{port_of(project)}"
+    statuses = [get(f"{root}{path}")[0] for path in ("/metrics", "/version", "/health")]
+    assert statuses == [401, 401, 200]
     client = OpenAI(base_url=base, api_key=API_KEY)
     assert [m.id for m in client.models.list().data] == ["tiny"]
 
