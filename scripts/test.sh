@@ -72,6 +72,11 @@ export SPARKSERVE_SCHEMATHESIS="${fuzz}/bin/schemathesis"
 SPARKSERVE_VLLM_BUGGY_SRC="$(ensure_vllm_source "${VLLM_BUGGY_VERSION}")"
 export SPARKSERVE_VLLM_BUGGY_SRC
 export VLLM_TARGET_DEVICE=cpu
+# The suite starts hundreds of Python processes: each must find the bytecode of the modules
+# it imports (the checkout's, pytest's rewritten test modules, the vLLM source tree above).
+# A machine that sets PYTHONDONTWRITEBYTECODE (this project's development machines do) has
+# every one compile them again.
+unset PYTHONDONTWRITEBYTECODE
 # Debian's Prometheus, promtool and node-exporter for the metrics tests (apt, when missing).
 ensure_metrics_packages
 # iproute2's `ip` for the two-node tests in network namespaces (apt, when missing).

@@ -247,7 +247,7 @@ def test_a_killed_guard_is_replaced_and_one_that_keeps_dying_stops_vllm(tmp_path
           f"the last SIGKILL to vLLM's exit: {stopped:.2f} s")  # fmt: skip
     assert max(restarts) < GUARD_RESTART_S, restarts
     # the stand-in has no API server: its SIGKILL ends the launcher's wait (status 137)
-    assert launcher.returncode != 0 and stopped < GUARD_RESTART_S, launcher.returncode
+    assert launcher.returncode != 0 and stopped < GUARD_RESTART_S, (launcher.returncode, log)
     assert log.count("was killed by SIGKILL while vLLM") == RESTARTS, log
     assert f"its {RESTARTS + 1}th death in 600 s; stopping vLLM" in log
     assert "exited after SIGTERM" in log

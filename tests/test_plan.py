@@ -47,16 +47,24 @@ SPARK_ARGS = (
 
 
 @pytest.fixture(scope="module")
-def spark_plans(
+def runs(
     geometry: tuple[Path, Path], tmp_path_factory: pytest.TempPathFactory
 ) -> dict[str, tuple[int, str, str]]:
-    """The plans below that run on vLLM's CPU platform, in one process (vLLM imported once):
-    the Spark's settings with each head, and a setting that does not fit (100 GiB and
+    """Every plan below that runs on vLLM's CPU platform, in one process (vLLM imported once:
+    about 20 s of CPU each time on this machine)."""
+    return plan_runs(
+        spark_cases(geometry) | silent_cases(geometry, tmp_path_factory.mktemp("silent")),
+        tmp_path_factory.mktemp("plans"),
+    )
+
+
+def spark_cases(geometry: tuple[Path, Path]) -> dict[str, tuple[list[str], dict[str, str]]]:
+    """The Spark's settings with each head, and a setting that does not fit (100 GiB and
     OS_RESERVE_GB=18: GPU_MEM 0.82 keeps the reserve to the byte, 0.83 does not; the
     launcher's rule: tests/memory/test_budget.py)."""
     target, drafter = geometry
     spark = ["--model", str(target), "--drafter", str(drafter), *SPARK_ARGS, "--json"]
-    cases = {
+    return {
         "bf16-head": ([*spark, "--keep-bf16-lmhead", "1"], {}),
         "int8-head": ([*spark, "--keep-bf16-lmhead", "0"], {}),
         "text": ([*spark[:-1], "--keep-bf16-lmhead", "1"], {}),
@@ -67,16 +75,15 @@ def spark_plans(
             {},
         ),
     }  # fmt: skip
-    return plan_runs(cases, tmp_path_factory.mktemp("spark-plans"))
 
 
 def test_plan_states_the_platform_and_dtypes_it_hands_to_vllm(
-    spark_plans: dict[str, tuple[int, str, str]],
+    runs: dict[str, tuple[int, str, str]],
 ) -> None:
     """The JSON and the table name the platform modelled, the one vLLM built the config on,
     and each dtype with its source; the GDN state dtype is config.json's (as on a Spark) and
     vLLM's own Mamba spec holds what the plan passed."""
-    status, out, err = spark_plans["bf16-head"]
+    status, out, err = runs["bf16-head"]
     assert status == 0, err[-3000:]
     plan = json.loads(out)
     assert plan["inputs"]["platform"] == "cuda"
@@ -88,7 +95,7 @@ def test_plan_states_the_platform_and_dtypes_it_hands_to_vllm(
     assert dtypes["mamba_conv"]["value"] == "bfloat16"
     assert plan["kv"]["mamba_dtypes"] == ["bfloat16", "float32"]
     assert plan["kv"]["attention_dtype"] == "bfloat16"
-    status, out, err = spark_plans["text"]
+    status, out, err = runs["text"]
     assert status == 0, err[-3000:]
     rows = dict(line.split(None, 1) for line in out.splitlines() if line.strip())
     assert rows["platform"].startswith("cuda: a Spark") and "CpuPlatform" in rows["platform"]
@@ -103,30 +110,27 @@ SSM_ELEMENTS = 64 * 128 * 128
 ATTENTION_BYTES_PER_TOKEN = 2 * 2 * 256 * 2  # K and V, 2 heads x 256, bf16
 
 
-@pytest.fixture(scope="module")
-def silent_plans(
-    geometry: tuple[Path, Path], tmp_path_factory: pytest.TempPathFactory
-) -> dict[str, tuple[int, str, str]]:
+def silent_cases(
+    geometry: tuple[Path, Path], root: Path
+) -> dict[str, tuple[list[str], dict[str, str]]]:
     """The Spark's plan on a config.json that does not name the GDN state dtype: as it is,
     and with the dtype given to vLLM through the launcher's EXTRA_ARGS."""
-    root = tmp_path_factory.mktemp("silent")
     config = target_config()
     del config["mamba_ssm_dtype"]
     (root / "config.json").write_text(json.dumps(config))
     _, drafter = geometry
     argv = ["--model", str(root), "--drafter", str(drafter), *SPARK_ARGS, "--json"]
     flag = {"EXTRA_ARGS": "--mamba-ssm-cache-dtype=float32"}
-    cases = {"silent": (argv, {}), "flag": (argv, flag)}
-    return plan_runs(cases, tmp_path_factory.mktemp("silent-plans"))
+    return {"silent": (argv, {}), "flag": (argv, flag)}
 
 
 @pytest.mark.parametrize(("case", "ssm_bytes"), [("silent", 2), ("flag", 4)])
 def test_a_config_silent_on_the_state_dtype_gets_vllms_documented_default(
-    silent_plans: dict[str, tuple[int, str, str]], case: str, ssm_bytes: int
+    runs: dict[str, tuple[int, str, str]], case: str, ssm_bytes: int
 ) -> None:
     """Silent config.json: vLLM's "auto" rule (the SSM state in the conv state's dtype, the
     model's bf16), stated, whatever the machine; the launcher's flag, when given, wins."""
-    status, out, err = silent_plans[case]
+    status, out, err = runs[case]
     assert status == 0, err[-3000:]
     plan = json.loads(out)
     ssm = plan["inputs"]["dtypes"]["mamba_ssm"]
@@ -148,9 +152,9 @@ def test_a_config_silent_on_the_state_dtype_gets_vllms_documented_default(
     [("bf16-head", SPARK_POOL_TOKENS), ("int8-head", SPARK_POOL_TOKENS_INT8_HEAD)],
 )
 def test_spark_figures_within_5_percent(
-    spark_plans: dict[str, tuple[int, str, str]], head: str, logged: int
+    runs: dict[str, tuple[int, str, str]], head: str, logged: int
 ) -> None:
-    status, out, err = spark_plans[head]
+    status, out, err = runs[head]
     assert status == 0, err[-3000:]
     plan = json.loads(out)
     kv = plan["kv"]
@@ -190,9 +194,9 @@ def test_plan_counts_the_cudagraph_estimate_and_works_without_a_gpu(
 
 
 def test_plan_refuses_a_setting_that_does_not_fit(
-    spark_plans: dict[str, tuple[int, str, str]],
+    runs: dict[str, tuple[int, str, str]],
 ) -> None:
-    status, out, err = spark_plans["too-big"]
+    status, out, err = runs["too-big"]
     assert status == 1, out + err
     assert "does not fit" in out
     assert "the largest GPU_MEM that keeps it is 0.82" in out

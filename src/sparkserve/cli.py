@@ -2,6 +2,9 @@
 
 Each tool lives in its own module with an `add_command(subparsers)` that registers its
 sub-command and sets `run` (a function taking the parsed arguments, returning the exit code).
+Only the module of the sub-command typed is imported: the launchers run `sparkserve knobs`
+on every start (and the suite hundreds of times), and importing every tool for it cost more
+than the step itself. `--help`, no command or an unknown one gets the whole parser.
 """
 
 from __future__ import annotations
@@ -12,44 +15,54 @@ import os
 import sys
 from pathlib import Path
 
-from sparkserve import __version__, data_tables
-from sparkserve.knob_docs import sync
+from sparkserve import __version__
 from sparkserve.knobs import LAUNCHERS
-from sparkserve.launcher_exports import main_command, main_resolve
 from sparkserve.patching import ALL_PATCHES
-from sparkserve.patching.cli import run as run_patch
 
 REPO = Path(__file__).resolve().parents[2]
 
-# Modules that add their own sub-command (see the module docstring).
-COMMAND_MODULES: tuple[str, ...] = (
-    "sparkserve.stress.cli",
-    "sparkserve.bench.cli",
-    "sparkserve.plan_cli",
-    "sparkserve.guard",
-    "sparkserve.doctor",
-    "sparkserve.fetch",
-    "sparkserve.recipes_cli",
-    "sparkserve.dashboard",
-    "sparkserve.cluster.cli",
-    "sparkserve.tune.cli",
-)
+# The sub-commands that live in a module of their own (see the module docstring), each with
+# its module; tests/test_command_line.py checks each module registers exactly its name.
+COMMAND_MODULES: dict[str, str] = {
+    "stress": "sparkserve.stress.cli",
+    "bench": "sparkserve.bench.cli",
+    "plan": "sparkserve.plan_cli",
+    "guard": "sparkserve.guard",
+    "doctor": "sparkserve.doctor",
+    "fetch": "sparkserve.fetch",
+    "recipes": "sparkserve.recipes_cli",
+    "dashboard": "sparkserve.dashboard",
+    "cluster": "sparkserve.cluster.cli",
+    "tune": "sparkserve.tune.cli",
+}
 
 
 def _run_patch(args: argparse.Namespace) -> int:
-    return run_patch(ALL_PATCHES[args.name], args.options, prog=f"sparkserve patch {args.name}")
+    from sparkserve.patching.cli import run
+
+    return run(ALL_PATCHES[args.name], args.options, prog=f"sparkserve patch {args.name}")
 
 
 def _run_knobs(args: argparse.Namespace) -> int:
-    if args.knobs_command == "resolve":
-        return main_resolve(args.launcher, os.environ, args.prog)
-    if args.knobs_command == "command":
+    if args.knobs_command in ("resolve", "command"):
+        from sparkserve.launcher_exports import main_command, main_resolve
+
+        if args.knobs_command == "resolve":
+            return main_resolve(args.launcher, os.environ, args.prog)
         return main_command(args.launcher, os.environ, args.prog, args.pid)
+    from sparkserve.knob_docs import sync
+
     return _report_drift(sync(args.repo, check=args.check), args.check)
 
 
 def _run_docs(args: argparse.Namespace) -> int:
+    from sparkserve import data_tables
+
     return _report_drift(data_tables.sync(args.repo, check=args.check), args.check)
+
+
+# The sub-commands this module registers itself (they import their module when they run).
+BUILT_IN = ("patch", "knobs", "docs")
 
 
 def _report_drift(drifted: list[str], check: bool) -> int:
@@ -58,7 +71,9 @@ def _report_drift(drifted: list[str], check: bool) -> int:
     return 1 if drifted and check else 0
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(only: str | None = None) -> argparse.ArgumentParser:
+    """The whole parser, or with `only` (a sub-command's name) the built-in sub-commands
+    (which import their module when they run) and only `only`'s module's."""
     parser = argparse.ArgumentParser(prog="sparkserve", description=__doc__.splitlines()[0])
     parser.add_argument("--version", action="version", version=f"sparkserve {__version__}")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
@@ -99,13 +114,17 @@ def build_parser() -> argparse.ArgumentParser:
     docs_sync.add_argument("--check", action="store_true", help="only report drift (exit 1)")
     docs_sync.add_argument("--repo", type=Path, default=REPO, help="the checkout to update")
 
-    for name in COMMAND_MODULES:
-        importlib.import_module(name).add_command(commands)
+    for name, module in COMMAND_MODULES.items():
+        if only in (None, name):
+            importlib.import_module(module).add_command(commands)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(sys.argv[1:] if argv is None else argv)
+    argv = sys.argv[1:] if argv is None else argv
+    typed = argv[0] if argv else None
+    parser = build_parser(typed if typed in COMMAND_MODULES or typed in BUILT_IN else None)
+    args = parser.parse_args(argv)
     return int(args.run(args))
 
 

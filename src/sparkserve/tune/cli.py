@@ -289,7 +289,7 @@ def _stress(
         if args.prompt_tokens:
             argv += ["--prompt-tokens", str(args.prompt_tokens)]
         # stdout carries only the knob lines: the stress run's verdict goes to stderr
-        parsed = build_parser().parse_args(argv)
+        parsed = build_parser("stress").parse_args(argv)
         with contextlib.redirect_stdout(sys.stderr):
             return int(parsed.run(parsed, env))
 
