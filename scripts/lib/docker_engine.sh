@@ -189,10 +189,15 @@ ensure_docker_image() {
   if [[ "$(cat "${record}" 2>/dev/null || true)" != "${id} ${have}" || -z "${have}" ]]; then
     log "docker: loading ${source} (podman image ${id:0:12}) as ${tag}"
     started=${SECONDS}
-    podman save --format docker-archive "${source}" | docker load >&2
-    docker tag "${source}" "${tag}"
+    # Checked one by one: this runs in a command substitution, where `set -e` does not reach
+    # (a full disk once failed the load here and the run went on without the image).
+    if ! podman save --format docker-archive "${source}" | docker load >&2 ||
+      ! docker tag "${source}" "${tag}"; then
+      log "docker: loading ${source} into the suite's Docker Engine failed (see above)"
+      return 1
+    fi
     docker image prune --force >/dev/null  # the image this tag named before
-    have="$(docker image inspect --format '{{.Id}}' "${tag}")"
+    have="$(docker image inspect --format '{{.Id}}' "${tag}")" || return 1
     printf '%s %s\n' "${id}" "${have}" >"${record}"
     log "docker: ${tag} loaded in $((SECONDS - started)) s"
   else
