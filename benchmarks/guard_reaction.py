@@ -1,12 +1,13 @@
 """How fast the memory guard stops a process that eats memory as fast as it can.
 
 The watched process is itself the hog: it allocates and touches 8 MiB chunks, reads
-MemAvailable after each, and notes the first reading under the floor and when its SIGTERM
-handler runs. The guard (`python -m sparkserve.guard`, default polling) watches it with the
-floor a few GiB under MemAvailable at the start. Per run: the hog's rate, the lowest
-MemAvailable against the floor, and the time from the hog's first reading under the floor to
-the guard's SIGTERM (from the guard's stop line) and to the hog's handler. Standard library and
-sparkserve only, so it runs on any Linux machine:
+MemAvailable after each (as the guard does: its cgroup's headroom where that is less), and
+notes the first reading under the floor and when its SIGTERM handler runs. The guard
+(`python -m sparkserve.guard`, default polling) watches it with the floor a few GiB under
+MemAvailable at the start. Per run: the hog's rate, the lowest MemAvailable against the floor,
+and the time from the hog's first reading under the floor to the guard's SIGTERM (from the
+guard's stop line) and to the hog's handler. Standard library, psutil and sparkserve only, so
+it runs on any Linux machine:
 
     PYTHONPATH=src python3 benchmarks/guard_reaction.py --runs 5 --json guard-reaction.json
 
@@ -30,12 +31,10 @@ from sparkserve.memory.host import GIB, read_meminfo
 
 HOG = """
 import json, signal, sys, time
+from sparkserve.memory.host import read_meminfo  # what the guard reads (its cgroup's view too)
 floor, cap, chunk = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
 def available():
-    with open("/proc/meminfo", "rb") as f:
-        for line in f:
-            if line.startswith(b"MemAvailable:"):
-                return int(line.split()[1]) * 1024
+    return read_meminfo().available
 got = {}
 signal.signal(signal.SIGTERM, lambda *_: got.setdefault("sigterm", time.time()))
 sys.stdin.readline()  # go: the guard is watching
@@ -64,7 +63,7 @@ def run_once(work: Path, below: int, cap: int, chunk: int = 8 << 20) -> dict[str
     floor = read_meminfo().available - below
     hog = subprocess.Popen(
         [sys.executable, "-c", HOG, str(floor), str(cap), str(chunk)],
-        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+        env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
     )  # fmt: skip
     guard = subprocess.Popen(
         [sys.executable, "-m", "sparkserve.guard", "--pid", str(hog.pid),

@@ -14,7 +14,6 @@ user gets a fresh one."""
 
 from __future__ import annotations
 
-import contextlib
 import fcntl
 import json
 import os
@@ -38,13 +37,14 @@ from support.vllm_server import VllmServer
 HERE = Path(__file__).resolve().parent
 
 
-# The suite runs in two processes (scripts/test.sh: pytest-xdist `-n 2`), each with its own
+# The suite runs in three processes (scripts/test.sh: pytest-xdist `-n 3`), each with its own
 # session fixtures. The tests below run in one process, in the order collected: those of the
 # session's servers (each server then starts once per run) and those with a memory hog of their
-# own (marked `memory_hog`), so that no two hogs overlap and no hog crosses a stress verdict it
-# is not part of. xdist's scheduler sees only test ids, so they are listed by id; collection
-# checks that the list holds every test of the servers and every hog. Every other module is a
-# group of its own (its module fixtures are set up once).
+# own (marked `memory_hog`; each hog fills a memory cgroup of its own, support/memory_cgroup.py,
+# so it neither trips nor is tripped by what the other processes run), so that no two hogs
+# overlap. xdist's scheduler sees only test ids, so they are listed by id; collection checks
+# that the list holds every test of the servers and every hog. Every other module is a group of
+# its own (its module fixtures are set up once).
 ONE_PROCESS_GROUP = "servers-and-memory-hogs"
 ONE_PROCESS = (
     "tests/e2e/test_bad_requests.py::",
@@ -60,10 +60,8 @@ ONE_PROCESS = (
     "tests/e2e/test_tune_servers.py::",
     "tests/test_guard.py::test_a_fast_hog_is_stopped_right_after_it_crosses_the_floor",
 )
-# Modules that hold GiBs for minutes (two vLLM pairs at a time, about 3.4 GB each; the pair's
-# two containers): the other process runs them, and they and each memory hog wait for one
-# another (memory_lock).
-MEMORY_HEAVY_MODULES = ("tests/e2e/test_cluster_pair.py", "tests/e2e/test_container_pair.py")
+# The longest module after the container test's group: it starts at once in the third process.
+CLUSTER_PAIR = "tests/e2e/test_cluster_pair.py"
 SERVER_FIXTURES = {"shared_server", "second_server", "second_server_once"}
 CONTAINER_TESTS = "tests/e2e/test_container.py"
 # The modules on the suite's Docker Engine share the container test's process: its reboot
@@ -103,10 +101,10 @@ def pytest_itemcollected(item: pytest.Item) -> None:
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """In two processes the one-process group first (the longest: it starts at once), then
-    the memory-heavy modules (the other process starts with them, while the group's hogs
-    come last in it), the container test, the other end-to-end modules, the rest. In one
-    process the container test comes first, before the session's servers start."""
+    """In several processes the one-process group first, then the container test's group and
+    the two-node pair (the longest: each process starts with one of the three), the other
+    end-to-end modules, the rest; the group's hogs come last in it. In one process the
+    container test comes first, before the session's servers start."""
     for item in items:
         uses_servers = SERVER_FIXTURES & set(getattr(item, "fixturenames", ()))
         if (uses_servers or item.get_closest_marker("memory_hog")) and group_of(
@@ -118,9 +116,9 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             )
     parallel = bool(os.environ.get("PYTEST_XDIST_WORKER"))
     order = (
-        [ONE_PROCESS_GROUP, *MEMORY_HEAVY_MODULES, CONTAINER_TESTS]
+        [ONE_PROCESS_GROUP, CONTAINER_TESTS, CLUSTER_PAIR]
         if parallel
-        else [CONTAINER_TESTS, ONE_PROCESS_GROUP, *MEMORY_HEAVY_MODULES]
+        else [CONTAINER_TESTS, ONE_PROCESS_GROUP, CLUSTER_PAIR]
     )
 
     def rank(item: pytest.Item) -> tuple[int, bool]:
@@ -131,43 +129,6 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         return len(order) + (not group.startswith("tests/e2e/")), hog
 
     items.sort(key=rank)
-
-
-@contextlib.contextmanager
-def memory_lock(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
-    """Held by each memory hog and each memory-heavy module, so that no two of them overlap
-    across the run's processes (the lock file is in the run's temporary folder, which its
-    processes share); nothing to hold in one process."""
-    if not os.environ.get("PYTEST_XDIST_WORKER"):
-        yield
-        return
-    with (tmp_path_factory.getbasetemp().parent / "memory.lock").open("w") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
-
-
-@pytest.fixture(autouse=True, scope="module")
-def _memory_heavy_module(
-    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[None]:
-    # The container test too: its server's guard reads the host's MemAvailable (a container
-    # sees the host's /proc/meminfo), so a hog in the other process trips it (seen on a fresh
-    # machine: the guard stopped the container at the 2 GiB floor, every restart refused).
-    heavy = request.node.nodeid.startswith((*MEMORY_HEAVY_MODULES, CONTAINER_TESTS))
-    with memory_lock(tmp_path_factory) if heavy else contextlib.nullcontext():
-        yield
-
-
-@pytest.fixture(autouse=True)
-def _memory_hog(
-    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[None]:
-    hog = request.node.get_closest_marker("memory_hog") is not None
-    with memory_lock(tmp_path_factory) if hog else contextlib.nullcontext():
-        yield
 
 
 @pytest.fixture(scope="session")

@@ -129,8 +129,8 @@ def test_compose_cpu_profile_runs_the_cpu_image_with_the_same_knobs(project: Pat
     fetch = config["services"]["sparkserve-cpu-fetch"]
     assert fetch["environment"] == service["environment"]
     assert "shm_size" not in fetch and "mem_limit" not in fetch
-    # the cpu profile's knobs: weights, KV_CACHE_GB, /dev/shm in use and the runtime (compose)
-    assert int(service["mem_limit"]) == 8 * 2**30
+    # the cpu profile's knobs: weights, KV_CACHE_GB, the runtime and OS_RESERVE_GB (compose)
+    assert int(service["mem_limit"]) == 11 * 2**30
     for name in ("sparkserve-cpu", "sparkserve-cpu-fetch"):
         assert_hardened(config["services"][name], ["DAC_OVERRIDE"])
 

@@ -216,8 +216,10 @@ def _watch(
     with contextlib.suppress(OSError):  # be the last thing the OOM killer picks (best effort)
         Path("/proc/self/oom_score_adj").write_text("-500")
     rate = SwapRate(limits.window_s)
+    limit = read_meminfo().cgroup_limit
     log(
-        f"watching pid {pid}: floor {limits.floor_bytes / GIB:.2f} GiB MemAvailable, "
+        f"watching pid {pid}: floor {limits.floor_bytes / GIB:.2f} GiB MemAvailable"
+        f"{'' if limit is None else f' (or left under its cgroup limit, {limit / GIB:.2f} GiB)'}, "
         f"swap-out limit {limits.swap_rate_bytes_s / 1e6:.0f} MB/s "
         f"({'off' if limits.swap_rate_bytes_s <= 0 else f'over {limits.window_s:.0f} s'}), "
         f"PSI full avg10 limit {limits.psi_full_pct:g} %"

@@ -238,8 +238,9 @@ KNOBS: tuple[Knob, ...] = (
              "takes the host down; 0 disables it."),
     Knob("GUARD_FLOOR_GB", "float", "", minimum=0.5, maximum=64, group="memory",
          empty_ok=True,
-         why="The guard stops vLLM when MemAvailable falls below this many GiB; empty means "
-             "half of OS_RESERVE_GB."),
+         why="The guard stops vLLM when MemAvailable falls below this many GiB (in a "
+             "container with a memory limit: what is left under the limit, where that is "
+             "less); empty means half of OS_RESERVE_GB."),
     Knob("GUARD_SWAP_MB_S", "float", "256", minimum=0, maximum=100000, group="memory",
          why="The guard stops vLLM when swap-out runs faster than this many MB/s over 2 s "
              "(a thrashing host); 0 disables this check."),

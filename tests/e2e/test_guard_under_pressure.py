@@ -15,20 +15,20 @@ from pathlib import Path
 import pytest
 from test_stress_server import _start_stress_until_first_level
 
-from sparkserve.memory.host import GIB, read_meminfo
+from sparkserve.memory.host import GIB
 from support.cpu_launch import EAGER, launcher_server
+from support.memory_cgroup import memory_cgroup
 from support.plan_check import logged_pool, start_cpu_plans
 from support.promises import GUARD_REACTION_S
 from support.vllm_server import tail
 
 HOG = """
 import sys, time
+from sparkserve.memory.host import read_meminfo  # what the guard reads: the cgroup's headroom
 floor, cap = int(sys.argv[1]), int(sys.argv[2])
 margin, chunk = 512 << 20, 64 << 20
 def available():
-    for line in open("/proc/meminfo"):
-        if line.startswith("MemAvailable:"):
-            return int(line.split()[1]) * 1024
+    return read_meminfo().available
 chunks, held, crossed = [], 0, None
 def grow(target):
     global held, crossed
@@ -53,67 +53,75 @@ STOP_LINE = re.compile(r"stopping vLLM \(pid (\d+)\): (.*) \(at ([\d.]+)\)")
 def test_guard_stops_a_real_server_under_memory_pressure(
     tiny_models: dict[str, str], sparkserve_site: Path, cpu_venv_python: str, tmp_path: Path
 ) -> None:
-    # The floor leaves room for the server itself (about 2 GiB here) and for other jobs on
-    # this shared machine: 5 GiB under what is available now.
-    before = read_meminfo().available
-    floor_gib = round(max(1.0, (before - 5 * GIB) / GIB), 2)
-    knobs = {
-        "GUARD_FLOOR_GB": str(floor_gib),
-        # eager: the subject is the guard, and the server's compile warm-up (20-30 s of CPU
-        # on 2 shared cores) changes nothing it does
-        "EXTRA_ARGS": f"--kv-cache-memory-bytes {KV_BYTES} {EAGER}",
-    }
-    # The third planner config: this server's logged pool (MTP, prefix cache, 192 MiB), planned
-    # while the server starts.
-    planned = start_cpu_plans(
-        cpu_venv_python,
-        {"mtp-prefix": {"target": tiny_models["target"], "method": "mtp", "n": 2,
-                        "kv_bytes": KV_BYTES, "prefix": True}},
-    )  # fmt: skip
-    server = launcher_server(tmp_path, "mtp", tiny_models, sparkserve_site, knobs).start()
-    hog = stress = None
-    record = Path(tmp_path / "hf" / "sparkserve" / "guard-stopped.json")
-    try:
-        server.wait_healthy(timeout_s=300)
-        assert server.proc is not None
-        # A stress run is under way when the guard acts: its verdict must say so.
-        stress, _ = _start_stress_until_first_level(
-            [sys.executable, "-m", "sparkserve", "stress", "--url", server.base_url,
-             "--out", str(tmp_path / "stress"), "--bank", "1,2,3,4", "--prompt-tokens", "512",
-             "--gen-tokens", "3500", "--os-reserve-gb", "0.5", "--settle-s", "0.5",
-             "--guard-record", str(record)]
+    # The server (with its guard) and the hog share a memory cgroup of their own, 7 GiB: the
+    # hog fills that, and the other test process's servers cannot move the guard's floor. The
+    # floor leaves room for the server itself (about 2 GiB here): 5 GiB under the headroom.
+    with memory_cgroup(7 * GIB) as cgroup:
+        before = cgroup.headroom()
+        floor_gib = round(max(1.0, (before - 5 * GIB) / GIB), 2)
+        knobs = {
+            "GUARD_FLOOR_GB": str(floor_gib),
+            # eager: the subject is the guard, and the server's compile warm-up (20-30 s of
+            # CPU on 2 shared cores) changes nothing it does
+            "EXTRA_ARGS": f"--kv-cache-memory-bytes {KV_BYTES} {EAGER}",
+        }
+        # The third planner config: this server's logged pool (MTP, prefix cache, 192 MiB),
+        # planned while the server starts.
+        planned = start_cpu_plans(
+            cpu_venv_python,
+            {"mtp-prefix": {"target": tiny_models["target"], "method": "mtp", "n": 2,
+                            "kv_bytes": KV_BYTES, "prefix": True}},
         )  # fmt: skip
-        guard_pids = _pids_running(f"sparkserve.guard --pid {server.proc.pid} ")
-        assert len(guard_pids) == 1, "the launcher did not start exactly one guard"
-        keeper_pids = _pids_running(f"sparkserve.guard_keeper --pid {server.proc.pid} ")
-        assert len(keeper_pids) == 1, "the launcher did not start exactly one guard keeper"
-        now = read_meminfo().available
-        need = now - int(floor_gib * GIB)
-        print(f"available {before / GIB:.2f} -> {now / GIB:.2f} GiB with the server up; "
-              f"floor {floor_gib} GiB; the hog needs {need / GIB:.2f} GiB")  # fmt: skip
-        assert 0 < need < 8 * GIB, "this machine's memory moved too much to run the test"
-        # Ahead of the server and the stress client in the CPU queue (the test runs as root, as
-        # CI does): on 2 busy cores a hog at normal priority took minutes to reach the floor,
-        # and the stress run was over before the guard acted.
-        hog = subprocess.Popen(
-            [sys.executable, "-c", HOG, str(int(floor_gib * GIB)), str(need + 3 * GIB)],
-            stdout=subprocess.PIPE, text=True,
-            preexec_fn=(lambda: os.nice(-10)) if os.geteuid() == 0 else None,
-        )  # fmt: skip
-        assert hog.stdout is not None
-        report = hog.stdout.readline()
-        # Guards against a hang: the hog's pages arrive over 25 s to 2 min on 2 busy cores.
-        server.proc.wait(timeout=600)
-        exited = time.time()
-        verdict, stress_err = stress.communicate(timeout=300)
-    finally:
-        if hog is not None:
-            hog.kill()
-            hog.wait()
-        if stress is not None:
-            stress.kill()
-            stress.wait()
-        server.stop(timeout_s=30)
+        server = launcher_server(
+            tmp_path, "mtp", tiny_models, sparkserve_site, knobs, preexec=cgroup.preexec
+        ).start()
+        hog = stress = None
+        record = Path(tmp_path / "hf" / "sparkserve" / "guard-stopped.json")
+        try:
+            server.wait_healthy(timeout_s=300)
+            assert server.proc is not None
+            # A stress run is under way when the guard acts: its verdict must say so.
+            stress, _ = _start_stress_until_first_level(
+                [sys.executable, "-m", "sparkserve", "stress", "--url", server.base_url,
+                 "--out", str(tmp_path / "stress"), "--bank", "1,2,3,4", "--prompt-tokens", "512",
+                 "--gen-tokens", "3500", "--os-reserve-gb", "0.5", "--settle-s", "0.5",
+                 "--guard-record", str(record)]
+            )  # fmt: skip
+            guard_pids = _pids_running(f"sparkserve.guard --pid {server.proc.pid} ")
+            assert len(guard_pids) == 1, "the launcher did not start exactly one guard"
+            keeper_pids = _pids_running(f"sparkserve.guard_keeper --pid {server.proc.pid} ")
+            assert len(keeper_pids) == 1, "the launcher did not start exactly one guard keeper"
+            now = cgroup.headroom()
+            need = now - int(floor_gib * GIB)
+            print(f"available {before / GIB:.2f} -> {now / GIB:.2f} GiB with the server up; "
+                  f"floor {floor_gib} GiB; the hog needs {need / GIB:.2f} GiB")  # fmt: skip
+            assert 0 < need < 8 * GIB, "the server took more than its cgroup holds"
+
+            # Ahead of the server and the stress client in the CPU queue (the test runs as root,
+            # as CI does): on 2 busy cores a hog at normal priority took minutes to reach the
+            # floor, and the stress run was over before the guard acted.
+            def hog_preexec() -> None:
+                cgroup.join()
+                os.nice(-10)
+
+            hog = subprocess.Popen(
+                [sys.executable, "-c", HOG, str(int(floor_gib * GIB)), str(need + 3 * GIB)],
+                stdout=subprocess.PIPE, text=True, preexec_fn=hog_preexec,
+            )  # fmt: skip
+            assert hog.stdout is not None
+            report = hog.stdout.readline()
+            # Guards against a hang: the hog's pages arrive over 25 s to 2 min on 2 busy cores.
+            server.proc.wait(timeout=600)
+            exited = time.time()
+            verdict, stress_err = stress.communicate(timeout=300)
+        finally:
+            if hog is not None:
+                hog.kill()
+                hog.wait()
+            if stress is not None:
+                stress.kill()
+                stress.wait()
+            server.stop(timeout_s=30)
     log = server.log_path.read_text(errors="replace")
     assert "crossed=True" in report, report
     crossed = float(re.search(r"at=([\d.]+)", report).group(1))  # type: ignore[union-attr]

@@ -13,24 +13,19 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
 from sparkserve.cli import main
 from sparkserve.client import metrics
-from sparkserve.memory.host import (
-    GIB,
-    read_meminfo,
-)
+from sparkserve.memory.host import GIB
+from support.memory_cgroup import memory_cgroup
 from support.vllm_server import VllmServer
 
 REPO = Path(__file__).resolve().parents[2]
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
-
-
-def mem_available_gib() -> float:
-    return read_meminfo().available / GIB
 
 
 def stress_argv(server: VllmServer, out: Path, *extra: str) -> list[str]:
@@ -83,9 +78,14 @@ def test_stress_passes_and_samples_through_the_run(
     assert any(r["kv_usage"] not in ("", None) for r in csv.DictReader((out / "stress.csv").open()))
 
 
-def _start_stress_until_first_level(argv: list[str]) -> tuple[subprocess.Popen[str], list[str]]:
-    """Start a stress run and return once it reports its first level (with the stderr so far)."""
-    stress = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+def _start_stress_until_first_level(
+    argv: list[str], preexec: Callable[[], None] | None = None
+) -> tuple[subprocess.Popen[str], list[str]]:
+    """Start a stress run and return once it reports its first level (with the stderr so far);
+    `preexec` runs in its process first (a memory cgroup to join)."""
+    stress = subprocess.Popen(
+        argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=preexec
+    )
     assert stress.stderr is not None
     lines: list[str] = []
     for line in stress.stderr:
@@ -96,15 +96,15 @@ def _start_stress_until_first_level(argv: list[str]) -> tuple[subprocess.Popen[s
 
 
 def _hog(below_gib: float, cap_gib: float, hold_s: float) -> str:
-    """A process that takes memory in 64 MiB steps until MemAvailable is below `below_gib`
-    (whatever other processes free or take meanwhile), at most `cap_gib`; then it holds it for
-    `hold_s`. It prints the time it got there, the GiB it holds and the time it let go."""
+    """A process that takes memory in 64 MiB steps until MemAvailable (its cgroup's headroom
+    where that is less) is below `below_gib` (whatever other processes free or take
+    meanwhile), at most `cap_gib`; then it holds it for `hold_s`. It prints the time it got
+    there, the GiB it holds and the time it let go."""
     return (
         "import time\n"
+        "from sparkserve.memory.host import read_meminfo\n"
         "def available():\n"
-        "    for line in open('/proc/meminfo'):\n"
-        "        if line.startswith('MemAvailable:'):\n"
-        "            return int(line.split()[1]) * 1024\n"
+        "    return read_meminfo().available\n"
         "step, held = 64 << 20, []\n"
         f"while available() > {below_gib} * 2**30 and len(held) * step < {cap_gib} * 2**30:\n"
         "    b = bytearray(step)\n"
@@ -121,30 +121,31 @@ def _hog(below_gib: float, cap_gib: float, hold_s: float) -> str:
 def test_a_memory_hog_flips_the_verdict_to_fail_at_its_moment(
     shared_server: VllmServer, tmp_path: Path
 ) -> None:
-    available = mem_available_gib()
-    if available < 6:
-        pytest.skip(f"only {available:.1f} GiB available: too little for a hog of 1.5-4 GiB")
-    # The OS reserve is 1.5 GiB below MemAvailable now; the hog takes memory until MemAvailable
-    # is 0.5 GiB below the reserve, however much the tests of the other process
-    # (tests/conftest.py) free or take meanwhile, and holds it for 2 s at 10 Hz sampling.
-    # 4 s of idle before, between and after the two short levels keep the run going meanwhile.
-    reserve = available - 1.5
-    out = tmp_path / "hog"
-    stress, lines = _start_stress_until_first_level(
-        [sys.executable, "-m", "sparkserve", *stress_argv(
-            shared_server, out, "--bank", "1,2", "--prompt-tokens", "512", "--gen-tokens",
-            "400", "--os-reserve-gb", f"{reserve:.3f}", "--settle-s", "4",
-        )]
-    )  # fmt: skip
-    time.sleep(0.5)
-    started = time.time()
-    hog = subprocess.run(
-        [sys.executable, "-c", _hog(reserve - 0.5, min(8.0, available - 2.0), 2.0)],
-        capture_output=True, text=True, check=True,
-    )  # fmt: skip
-    exited = time.time()  # the hog's memory is back once its process is gone
-    reached, held_gib, _ = (float(x) for x in hog.stdout.split())
-    stdout, stderr = stress.communicate(timeout=240)
+    # The stress run and the hog share a memory cgroup of their own (4 GiB): the hog fills
+    # that, not the host, and the tests of the other process cannot move its verdict.
+    with memory_cgroup(4 * GIB) as cgroup:
+        available = cgroup.headroom() / GIB
+        # The OS reserve is 1.5 GiB below what is available now; the hog takes memory until
+        # it is 0.5 GiB below the reserve and holds it for 2 s at 10 Hz sampling. 4 s of
+        # idle before, between and after the two short levels keep the run going meanwhile.
+        reserve = available - 1.5
+        out = tmp_path / "hog"
+        stress, lines = _start_stress_until_first_level(
+            [sys.executable, "-m", "sparkserve", *stress_argv(
+                shared_server, out, "--bank", "1,2", "--prompt-tokens", "512", "--gen-tokens",
+                "400", "--os-reserve-gb", f"{reserve:.3f}", "--settle-s", "4",
+            )],
+            preexec=cgroup.preexec,
+        )  # fmt: skip
+        time.sleep(0.5)
+        started = time.time()
+        hog = subprocess.run(
+            [sys.executable, "-c", _hog(reserve - 0.5, available - 1.0, 2.0)],
+            capture_output=True, text=True, check=True, preexec_fn=cgroup.preexec,
+        )  # fmt: skip
+        exited = time.time()  # the hog's memory is back once its process is gone
+        reached, held_gib, _ = (float(x) for x in hog.stdout.split())
+        stdout, stderr = stress.communicate(timeout=240)
     held = f"the hog held {held_gib:.2f} GiB\n"
     assert stress.returncode == 1, held + "".join(lines) + stderr + stdout
     assert stdout.startswith("FAIL: MemAvailable fell to")

@@ -22,22 +22,26 @@ import pytest
 from sparkserve.memory.host import GIB, read_meminfo
 from sparkserve.tune.driver import process_environ
 from support.cpu_launch import EAGER, launcher_server
+from support.memory_cgroup import MemoryCgroup, memory_cgroup
 from support.vllm_server import VllmServer, tail
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 SMALL, LARGE = "0.5", "4"  # KV_CACHE_GB: the hog leaves room for the small pool only
 UNFIT = "64"  # more than this machine has: the plan refuses it, nothing starts
 MARGIN_GIB = 1.75  # half the two pools' difference: the hog's boundary lies midway
+HOG_GIB = 1.0  # what the hog holds in the memory loop's cgroup
 RESERVE_GIB = 4.0  # the test servers' OS_RESERVE_GB (support/cpu_launch.py)
 
 
 class Tuned:
-    """The module's server: its URL and the pid file the tune keeps up to date."""
+    """The module's server: its URL, the pid file the tune keeps up to date, and the memory
+    cgroup it runs in (no limit but in the memory loop's test)."""
 
-    def __init__(self, first: VllmServer, pid_file: Path) -> None:
+    def __init__(self, first: VllmServer, pid_file: Path, cgroup: MemoryCgroup) -> None:
         self.url = first.base_url
         self.pid_file = pid_file
         self.first = first
+        self.cgroup = cgroup
 
     @property
     def pid(self) -> int:
@@ -66,18 +70,23 @@ def tuned(
         "KV_CACHE_GB": SMALL,
         "EXTRA_ARGS": EAGER,  # the pool comes from KV_CACHE_GB, the knob the tune changes
     }
-    server = launcher_server(work, "mtp", tiny_models, sparkserve_site, knobs).start()
-    pid_file = work / "server.pid"
-    assert server.proc is not None
-    pid_file.write_text(f"{server.proc.pid}\n")
-    try:
-        server.wait_healthy(timeout_s=300)
-        yield Tuned(server, pid_file)
-    finally:
-        server.stop(timeout_s=30)
-        with contextlib.suppress(ProcessLookupError, PermissionError, ValueError):
-            os.killpg(int(pid_file.read_text()), signal.SIGTERM)
-        _wait_gone(int(pid_file.read_text()))
+    # In a memory cgroup of its own (no limit yet): the memory loop's test sets one, so that
+    # its hog fills the cgroup and not the host (tests/support/memory_cgroup.py).
+    with memory_cgroup(None) as cgroup:
+        server = launcher_server(
+            work, "mtp", tiny_models, sparkserve_site, knobs, preexec=cgroup.preexec
+        ).start()
+        pid_file = work / "server.pid"
+        assert server.proc is not None
+        pid_file.write_text(f"{server.proc.pid}\n")
+        try:
+            server.wait_healthy(timeout_s=300)
+            yield Tuned(server, pid_file, cgroup)
+        finally:
+            server.stop(timeout_s=30)
+            with contextlib.suppress(ProcessLookupError, PermissionError, ValueError):
+                os.killpg(int(pid_file.read_text()), signal.SIGTERM)
+            _wait_gone(int(pid_file.read_text()))
 
 
 def _wait_gone(pid: int, timeout_s: float = 40) -> None:
@@ -119,27 +128,31 @@ time.sleep(3600)
 def test_memory_loop_keeps_the_largest_pool_the_hog_leaves_room_for(
     tuned: Tuned, tmp_path: Path
 ) -> None:
-    # The server runs the small pool now; the hog leaves MemAvailable MARGIN_GIB above the
-    # reserve, so the small pool passes with that margin and the large one (3.5 GiB more)
-    # ends MARGIN_GIB under it.
-    available = read_meminfo().available / GIB
-    hog_gib = available - RESERVE_GIB - MARGIN_GIB
-    if hog_gib < 1:
-        pytest.skip(f"only {available:.1f} GiB available: too little for the test")
+    # The server runs the small pool now, in its memory cgroup; the tune, its servers and
+    # the hog run there too, under a limit that leaves MARGIN_GIB above the reserve once the
+    # hog holds its share: the small pool passes with that margin and the large one (3.5 GiB
+    # more) ends MARGIN_GIB under it. The hog fills the cgroup, not the host: the other test
+    # process's servers move neither the boundary nor the verdicts.
+    cgroup = tuned.cgroup
+    if read_meminfo().available < (RESERVE_GIB + MARGIN_GIB + HOG_GIB + 1) * GIB:
+        pytest.skip("too little memory available for the test's cgroup")
+    cgroup.set_limit(cgroup.usage() + int((RESERVE_GIB + MARGIN_GIB + HOG_GIB) * GIB))
     hog = subprocess.Popen(
-        [sys.executable, "-c", HOG, str(int(hog_gib * GIB))], stdout=subprocess.PIPE, text=True
-    )
+        [sys.executable, "-c", HOG, str(int(HOG_GIB * GIB))],
+        stdout=subprocess.PIPE, text=True, preexec_fn=cgroup.preexec,
+    )  # fmt: skip
     try:
         assert hog.stdout is not None and hog.stdout.readline().strip() == "held"
         out = tmp_path / "memory"
         done = subprocess.run(
             tune_argv(tuned, "memory", out, "--candidates", f"{SMALL},{LARGE},{UNFIT}",
                       *MEMORY_OPTIONS),
-            capture_output=True, text=True, timeout=900,
+            capture_output=True, text=True, timeout=900, preexec_fn=cgroup.preexec,
         )  # fmt: skip
     finally:
         hog.kill()
         hog.wait()
+        cgroup.set_limit(None)  # the module's next tests run the kept server as before
     print(done.stderr)
     assert done.returncode == 0, done.stderr + tail(out / "server.log")
     assert done.stdout == f"KV_CACHE_GB={SMALL}\n"

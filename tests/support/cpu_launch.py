@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import os
 import subprocess
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from support.vllm_server import LOOPBACK, VllmServer, free_port
@@ -75,8 +75,10 @@ def launcher_server(
     models: Mapping[str, str],
     site: Path,
     knobs: Mapping[str, str] | None = None,
+    preexec: Callable[[], None] | None = None,
 ) -> VllmServer:
-    """A VllmServer that runs serve.sh (dflash) or mtp_serve.sh (mtp); call .start()."""
+    """A VllmServer that runs serve.sh (dflash) or mtp_serve.sh (mtp); call .start().
+    `preexec` runs in the launcher's process first (a memory cgroup to join)."""
     port = free_port()
     env = dict(os.environ, **cpu_knobs(method, models, port, work))
     env.update(knobs or {})
@@ -85,5 +87,9 @@ def launcher_server(
     env["PATH"] = f"{Path(cpu_python()).parent}:{env['PATH']}"
     env["PYTHONPATH"] = str(site)
     return VllmServer(
-        argv=[str(LAUNCHERS[method])], env=env, port=int(env["PORT"]), log_path=work / "server.log"
+        argv=[str(LAUNCHERS[method])],
+        env=env,
+        port=int(env["PORT"]),
+        log_path=work / "server.log",
+        preexec=preexec,
     )

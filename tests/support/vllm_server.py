@@ -16,7 +16,7 @@ import subprocess
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
@@ -69,6 +69,8 @@ class VllmServer:
     env: Mapping[str, str] | None = None
     host: str = LOOPBACK
     cwd: str | Path | None = None
+    # run in the child before the server (tests/support/memory_cgroup.py: join a cgroup)
+    preexec: Callable[[], None] | None = None
     proc: subprocess.Popen[bytes] | None = field(default=None, init=False)
     started_at: float = field(default=0.0, init=False)
     ready_after_s: float | None = field(default=None, init=False)
@@ -95,6 +97,7 @@ class VllmServer:
             env=env,
             cwd=self.cwd,
             start_new_session=True,  # its own process group: stop() can reach workers
+            preexec_fn=self.preexec,
         )
         return self
 

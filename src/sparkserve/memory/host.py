@@ -1,5 +1,9 @@
 """The host's memory: psutil for the figures, /proc/vmstat for the swap traffic.
 
+What is available is the host's MemAvailable, or less where this process's memory cgroup (a
+container's memory limit) leaves less under its limit (sparkserve.memory.cgroup): the guard,
+the stress run and the tune judge the memory their server may really use.
+
 psutil turns /proc/vmstat's pswpin/pswpout page counts into bytes at 4 KiB a page; an arm64
 kernel may use 16 or 64 KiB pages, so the swap counters are read here and scaled by the
 page size the kernel reports. Both reads are cheap enough to sample several times a second.
@@ -13,6 +17,8 @@ from pathlib import Path
 
 import psutil
 
+from sparkserve.memory.cgroup import read_cgroup_memory
+
 GIB = 1024**3
 MIB = 1024**2
 PAGE_BYTES = os.sysconf("SC_PAGE_SIZE")
@@ -20,23 +26,27 @@ PAGE_BYTES = os.sysconf("SC_PAGE_SIZE")
 
 @dataclass(frozen=True)
 class MemInfo:
-    total: int  # bytes
-    available: int  # MemAvailable
+    total: int  # bytes: the host's
+    available: int  # MemAvailable, or the cgroup's headroom where that is less
     used: int  # total - available (psutil's figure)
     swap_total: int
     swap_used: int
+    cgroup_limit: int | None = None  # bytes, where a memory cgroup limits this process
 
 
 def read_meminfo() -> MemInfo:
-    """This host's memory now, in bytes."""
+    """This host's memory now, in bytes; what is available as seen from this process's cgroup."""
     memory = psutil.virtual_memory()
     swap = psutil.swap_memory()
+    cgroup = read_cgroup_memory(Path(psutil.PROCFS_PATH))
+    limited = cgroup is not None and cgroup.limit < memory.total
     return MemInfo(
         total=memory.total,
-        available=memory.available,
+        available=min(memory.available, cgroup.headroom) if cgroup else memory.available,
         used=memory.used,
         swap_total=swap.total,
         swap_used=swap.used,
+        cgroup_limit=cgroup.limit if cgroup and limited else None,
     )
 
 

@@ -1,0 +1,124 @@
+"""The memory cgroup this process runs in: its limit and what is left under it.
+
+A container started with a memory limit (Compose's `mem_limit`, `docker run -m`) sees the host's
+/proc/meminfo, so MemAvailable there says nothing about how close the container is to its own
+OOM kill. The kernel keeps the container's figures in its memory cgroup; this module finds that
+cgroup (v1's memory controller or the v2 hierarchy) and reads the limit that applies to it (the
+lowest on the way up to the root) and what it uses, less the page cache the kernel can drop
+(inactive file pages: what `docker stats` also leaves out).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+# v1 reports "no limit" as the largest page-aligned int64; anything this large means unlimited.
+UNLIMITED = 1 << 62
+
+
+@dataclass(frozen=True)
+class CgroupMemory:
+    path: Path  # the cgroup's folder
+    limit: int  # bytes: the lowest limit between this cgroup and the root
+    usage: int  # bytes charged to it, page cache included
+    reclaimable: int  # inactive file pages: dropped before the OOM killer runs
+
+    @property
+    def headroom(self) -> int:
+        """Bytes its processes can still take before the limit."""
+        return max(0, self.limit - self.usage + self.reclaimable)
+
+
+def _stat(folder: Path) -> dict[str, int]:
+    figures: dict[str, int] = {}
+    for line in (folder / "memory.stat").read_text().splitlines():
+        name, _, value = line.partition(" ")
+        if value.strip().isdigit():
+            figures[name] = int(value)
+    return figures
+
+
+def cgroup_mounts(proc: Path) -> list[tuple[str, Path, str, str]]:
+    """(root inside the hierarchy, mount point, filesystem type, super options) per cgroup mount."""
+    found = []
+    for line in (proc / "self" / "mountinfo").read_text().splitlines():
+        fields, _, tail = line.partition(" - ")
+        parts, rest = fields.split(), tail.split()
+        if len(parts) >= 5 and len(rest) >= 3 and rest[0] in ("cgroup", "cgroup2"):
+            found.append((parts[3], Path(parts[4]), rest[0], rest[2]))
+    return found
+
+
+def _inside(mount_root: str, mount_point: Path, path: str) -> Path | None:
+    """Where the cgroup `path` (as /proc/self/cgroup names it) lies under this mount."""
+    root = mount_root.rstrip("/")
+    if path != root and not path.startswith(root + "/"):
+        return None
+    return mount_point / path[len(root) :].lstrip("/")
+
+
+def _v1(proc: Path, path: str) -> CgroupMemory | None:
+    for root, point, kind, options in cgroup_mounts(proc):
+        if kind == "cgroup" and "memory" in options.split(","):
+            folder = _inside(root, point, path)
+            if folder is None or not (folder / "memory.stat").exists():
+                return None
+            stat = _stat(folder)
+            return CgroupMemory(
+                path=folder,
+                limit=stat.get("hierarchical_memory_limit", UNLIMITED),
+                usage=int((folder / "memory.usage_in_bytes").read_text()),
+                reclaimable=stat.get("total_inactive_file", 0),
+            )
+    return None
+
+
+def _v2(proc: Path, path: str) -> CgroupMemory | None:
+    for root, point, kind, _ in cgroup_mounts(proc):
+        if kind != "cgroup2":
+            continue
+        folder = _inside(root, point, path)
+        if folder is None or not (folder / "memory.current").exists():
+            continue
+        limit, level = UNLIMITED, folder
+        while True:  # the lowest memory.max on the way up to the mount's root
+            text = (
+                (level / "memory.max").read_text().strip()
+                if (level / "memory.max").exists()
+                else "max"
+            )
+            if text != "max":
+                limit = min(limit, int(text))
+            if level == point:
+                break
+            level = level.parent
+        return CgroupMemory(
+            path=folder,
+            limit=limit,
+            usage=int((folder / "memory.current").read_text()),
+            reclaimable=_stat(folder).get("inactive_file", 0),
+        )
+    return None
+
+
+def read_cgroup_memory(proc: Path = Path("/proc")) -> CgroupMemory | None:
+    """This process's memory cgroup with a limit, or None: no memory cgroup, or no limit set."""
+    try:
+        lines = (proc / "self" / "cgroup").read_text().splitlines()
+    except OSError:
+        return None
+    v1 = v2 = None
+    for line in lines:
+        _, controllers, path = line.split(":", 2)
+        if "memory" in controllers.split(","):
+            v1 = path
+        elif controllers == "":
+            v2 = path
+    try:
+        found = _v1(proc, v1) if v1 is not None else None
+        if found is None and v2 is not None:
+            found = _v2(proc, v2)
+    except (OSError, ValueError):
+        return None
+    return found if found is not None and found.limit < UNLIMITED else None
