@@ -43,30 +43,34 @@ def geometry(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
 def run_ranks(
     geometry: tuple[Path, Path], layouts: tuple[str, ...], work: Path
 ) -> dict[str, list[dict[str, Any]]]:
-    """Every rank of each layout (one for "one") at once, each in its own process; each
-    layout's group on a port of its own."""
+    """Each rank in a process of its own, playing every layout in turn (rank 0 alone in
+    "one"); each layout's group on a port of its own."""
+    ports = {layout: str(free_port()) for layout in layouts}
     started = []
-    for layout in layouts:
-        port = str(free_port())
-        for rank in range(1 if layout == "one" else 2):
-            out = work / f"{layout}-{rank}.json"
-            command = [sys.executable, RANK, *geometry, layout, rank, port, out]
-            proc = subprocess.Popen(
-                list(map(str, command)), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
-            )
-            started.append((layout, out, proc))
+    for rank in range(2):
+        mine = [layout for layout in layouts if rank == 0 or layout != "one"]
+        mine_ports = ",".join(ports[layout] for layout in mine)
+        command = [sys.executable, RANK, *geometry, ",".join(mine), rank, mine_ports, work]
+        proc = subprocess.Popen(
+            list(map(str, command)), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+        )
+        started.append(proc)
     try:
-        outputs = [proc.communicate(timeout=300)[0] for _, _, proc in started]
+        outputs = [proc.communicate(timeout=300)[0] for proc in started]
     finally:
-        for _, _, proc in started:
+        for proc in started:
             if proc.poll() is None:
                 proc.kill()
                 proc.wait()
-    built: dict[str, list[dict[str, Any]]] = {layout: [] for layout in layouts}
-    for (layout, out, proc), output in zip(started, outputs, strict=True):
+    for proc, output in zip(started, outputs, strict=True):
         assert proc.returncode == 0, output[-3000:]
-        built[layout].append(json.loads(out.read_text()))
-    return built
+    return {
+        layout: [
+            json.loads((work / f"{layout}-{rank}.json").read_text())
+            for rank in range(1 if layout == "one" else 2)
+        ]
+        for layout in layouts
+    }
 
 
 @pytest.fixture(scope="module")

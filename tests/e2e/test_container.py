@@ -420,6 +420,8 @@ def test_3_guard_trip_leaves_a_record_and_every_later_start_refuses(
     project.up(SERVICE)
     log = project.wait_for_log(SERVICE, "the next start refuses until GUARD_RESUME=1", 240)
     assert guard_record(project).is_file(), log
+    # it judged what the container may use: the headroom under compose's mem_limit
+    assert "or left under its cgroup limit, 11.00 GiB" in log, log
     assert "floor" in guard_record(project).read_text()
     # `restart: unless-stopped`: Docker starts the container again, and that start refuses
     project.wait_for_restarts(SERVICE, 2, 120)

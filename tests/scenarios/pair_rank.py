@@ -1,11 +1,13 @@
 """One rank of a two-node vLLM engine, as far as this CPU machine can take it: vLLM's own
 parser and engine config for the rank's command line, then vLLM's own model class built on
 the meta device (no memory, no weights) inside a real two-process gloo group, to read what
-vLLM puts on this rank.
+vLLM puts on this rank. One process plays its rank in several layouts, one after the other
+(each group torn down before the next: vLLM is imported once per process, not per layout).
 
-Usage: pair_rank.py MODEL_DIR DRAFTER_DIR LAYOUT RANK GROUP_PORT OUT.json, where LAYOUT is
-tp, pp or one (a single node, world size 1: the whole model) and GROUP_PORT a free loopback
-port for the two ranks' torch.distributed group. Writes the facts as JSON.
+Usage: pair_rank.py MODEL_DIR DRAFTER_DIR LAYOUTS RANK GROUP_PORTS OUT_DIR, where LAYOUTS is
+a comma-separated list of tp, pp and one (a single node, world size 1: the whole model; rank
+0 only) and GROUP_PORTS one free loopback port per layout for the ranks' torch.distributed
+group. Writes the facts of each layout to OUT_DIR/LAYOUT-RANK.json.
 """
 
 from __future__ import annotations
@@ -17,6 +19,8 @@ from pathlib import Path
 import torch
 from vllm.config.vllm import set_current_vllm_config
 from vllm.distributed.parallel_state import (
+    destroy_distributed_environment,
+    destroy_model_parallel,
     init_distributed_environment,
     initialize_model_parallel,
 )
@@ -64,9 +68,8 @@ def dflash_over_pp(model: torch.nn.Module) -> str:
     return "supported"
 
 
-def main() -> None:
-    model, drafter, layout, rank, port, out = sys.argv[1:7]
-    node = int(rank)
+def build(model: str, drafter: str, layout: str, node: int, port: str) -> dict[str, object]:
+    """The facts of one layout on this rank; the group is torn down afterwards."""
     args = make_arg_parser(FlexibleArgumentParser()).parse_args(argv(model, drafter, layout, node))
     config = EngineArgs.from_cli_args(args).create_engine_config()
     parallel = config.parallel_config
@@ -101,7 +104,16 @@ def main() -> None:
     facts["layers"] = [built.model.start_layer, built.model.end_layer]
     facts["dtype"] = str(config.model_config.dtype)
     facts["dflash_over_pp"] = dflash_over_pp(built)
-    Path(out).write_text(json.dumps(facts, indent=1))
+    destroy_model_parallel()
+    destroy_distributed_environment()
+    return facts
+
+
+def main() -> None:
+    model, drafter, layouts, rank, ports, out = sys.argv[1:7]
+    for layout, port in zip(layouts.split(","), ports.split(","), strict=True):
+        facts = build(model, drafter, layout, int(rank), port)
+        (Path(out) / f"{layout}-{rank}.json").write_text(json.dumps(facts, indent=1))
 
 
 if __name__ == "__main__":
