@@ -20,9 +20,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from sparkserve.memory.cgroup import UNLIMITED, cgroup_mounts
-
-GIB = 1024**3
+from sparkserve.memory.cgroup import cgroup_mounts, read_v1, read_v2
 
 
 def _hierarchy() -> tuple[Path, str] | None:
@@ -76,17 +74,8 @@ class MemoryCgroup:
     def headroom(self) -> int:
         """Bytes its processes can still take: under its limit, and in the host's MemAvailable
         (what sparkserve.memory.host.read_meminfo says inside it)."""
-        stat = {}
-        for line in (self.path / "memory.stat").read_text().splitlines():
-            name, _, value = line.partition(" ")
-            stat[name] = int(value) if value.strip().isdigit() else 0
-        limit_name = "memory.limit_in_bytes" if self.version == "v1" else "memory.max"
-        limit_text = (self.path / limit_name).read_text().strip()
-        limit = UNLIMITED if limit_text == "max" else int(limit_text)
-        reclaimable = stat.get(
-            "total_inactive_file" if self.version == "v1" else "inactive_file", 0
-        )
-        return min(psutil.virtual_memory().available, max(0, limit - self.usage() + reclaimable))
+        inside = read_v1(self.path) if self.version == "v1" else read_v2(self.path, self.root)
+        return min(psutil.virtual_memory().available, inside.headroom)
 
     def pids(self) -> list[int]:
         return [int(pid) for pid in (self.path / "cgroup.procs").read_text().split()]

@@ -58,47 +58,52 @@ def _inside(mount_root: str, mount_point: Path, path: str) -> Path | None:
     return mount_point / path[len(root) :].lstrip("/")
 
 
+def read_v1(folder: Path) -> CgroupMemory:
+    """A cgroup v1 memory controller folder's figures."""
+    stat = _stat(folder)
+    return CgroupMemory(
+        path=folder,
+        limit=stat.get("hierarchical_memory_limit", UNLIMITED),
+        usage=int((folder / "memory.usage_in_bytes").read_text()),
+        reclaimable=stat.get("total_inactive_file", 0),
+    )
+
+
+def read_v2(folder: Path, mount_point: Path) -> CgroupMemory:
+    """A cgroup v2 folder's figures; its limit the lowest memory.max up to the mount's root."""
+    limit, level = UNLIMITED, folder
+    while True:
+        text = (
+            (level / "memory.max").read_text().strip() if (level / "memory.max").exists() else "max"
+        )
+        if text != "max":
+            limit = min(limit, int(text))
+        if level == mount_point:
+            break
+        level = level.parent
+    return CgroupMemory(
+        path=folder,
+        limit=limit,
+        usage=int((folder / "memory.current").read_text()),
+        reclaimable=_stat(folder).get("inactive_file", 0),
+    )
+
+
 def _v1(proc: Path, path: str) -> CgroupMemory | None:
     for root, point, kind, options in cgroup_mounts(proc):
         if kind == "cgroup" and "memory" in options.split(","):
             folder = _inside(root, point, path)
             if folder is None or not (folder / "memory.stat").exists():
                 return None
-            stat = _stat(folder)
-            return CgroupMemory(
-                path=folder,
-                limit=stat.get("hierarchical_memory_limit", UNLIMITED),
-                usage=int((folder / "memory.usage_in_bytes").read_text()),
-                reclaimable=stat.get("total_inactive_file", 0),
-            )
+            return read_v1(folder)
     return None
 
 
 def _v2(proc: Path, path: str) -> CgroupMemory | None:
     for root, point, kind, _ in cgroup_mounts(proc):
-        if kind != "cgroup2":
-            continue
-        folder = _inside(root, point, path)
-        if folder is None or not (folder / "memory.current").exists():
-            continue
-        limit, level = UNLIMITED, folder
-        while True:  # the lowest memory.max on the way up to the mount's root
-            text = (
-                (level / "memory.max").read_text().strip()
-                if (level / "memory.max").exists()
-                else "max"
-            )
-            if text != "max":
-                limit = min(limit, int(text))
-            if level == point:
-                break
-            level = level.parent
-        return CgroupMemory(
-            path=folder,
-            limit=limit,
-            usage=int((folder / "memory.current").read_text()),
-            reclaimable=_stat(folder).get("inactive_file", 0),
-        )
+        folder = _inside(root, point, path) if kind == "cgroup2" else None
+        if folder is not None and (folder / "memory.current").exists():
+            return read_v2(folder, point)
     return None
 
 

@@ -39,14 +39,13 @@ def read_meminfo() -> MemInfo:
     memory = psutil.virtual_memory()
     swap = psutil.swap_memory()
     cgroup = read_cgroup_memory(Path(psutil.PROCFS_PATH))
-    limited = cgroup is not None and cgroup.limit < memory.total
     return MemInfo(
         total=memory.total,
         available=min(memory.available, cgroup.headroom) if cgroup else memory.available,
         used=memory.used,
         swap_total=swap.total,
         swap_used=swap.used,
-        cgroup_limit=cgroup.limit if cgroup and limited else None,
+        cgroup_limit=cgroup.limit if cgroup and cgroup.limit < memory.total else None,
     )
 
 
