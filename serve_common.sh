@@ -209,12 +209,15 @@ run_vllm() {
   VLLM_PID=$!
   (( STOP_ASKED == 0 )) || kill -TERM "${VLLM_PID}"  # a stop between the two lines above
   # A trapped signal makes `wait` return at once (the trap runs right after): wait again, for
-  # vLLM's own status.
+  # vLLM's own status. Not when vLLM is gone: a signal that lands as vLLM dies can make bash
+  # (5.2) reap it and lose its status, and a second `wait` would then block until the guard's
+  # keeper, our other child, exits (a stop's SIGTERM unanswered; tests/test_serve_common.py).
   while :; do
     asked=${STOP_ASKED}
     status=0
     wait "${VLLM_PID}" || status=$?
     (( STOP_ASKED != asked )) || break
+    kill -0 "${VLLM_PID}" 2>/dev/null || break
   done
   if (( STOP_ASKED == 0 )); then
     if (( status == 0 )); then

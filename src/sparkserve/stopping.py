@@ -136,6 +136,17 @@ def shm_files(procs: Iterable[psutil.Process]) -> set[Path]:
     return found
 
 
+def named(procs: list[psutil.Process]) -> str:
+    """`N process(es) (name pid, ...)`: what a stop signals, for its log line."""
+    words = []
+    for proc in procs:
+        try:
+            words.append(f"{proc.name()} {proc.pid}")
+        except psutil.Error:
+            words.append(f"pid {proc.pid}")
+    return f"{len(procs)} process(es) ({', '.join(words)})"
+
+
 def kill(procs: list[psutil.Process]) -> set[Path]:
     """SIGKILL them and wait until they are gone; returns the /dev/shm files they had."""
     files = shm_files(procs)
@@ -155,17 +166,17 @@ def stop(tree: Tree, grace_s: float) -> str:
     said: list[str] = []
     tops = tree.tops()  # before the kill: a top that only waited on what is below goes with it
     below = tree.below()
-    files = kill(below) if below else set()
     if below:
-        said.append(f"SIGKILL to {len(below)} process(es) below the top at once (no drain)")
+        said.append(f"SIGKILL to {named(below)} below the top at once (no drain)")
+    files = kill(below) if below else set()
     for top in tops:
         with contextlib.suppress(psutil.Error):
             top.send_signal(signal.SIGTERM)
     wait_gone(tops, grace_s)
     left = tree.alive()  # the top, and anything it started meanwhile
     if left:
+        said.append(f"SIGKILL to {named(left)} after a {grace_s:g} s grace")
         files |= kill(left)
-        said.append(f"SIGKILL to {len(left)} process(es) after a {grace_s:g} s grace")
     elif tops:
         said.append("the top exited after SIGTERM")
     removed = 0

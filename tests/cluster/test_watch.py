@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -197,7 +198,11 @@ def test_a_joined_pair_answers_probes_and_a_dead_vllm_stops_both(
     log = stopped_within_bound(head, head_tree, time.monotonic(), bound_s)
     assert f"node 1 ({LOOPBACK}): vLLM exited; stopping this node's vLLM" in log
     # no drain: the child at once; the top ignores SIGTERM, but its wait for the child ends
-    assert "SIGKILL to 1 process(es) below the top at once (no drain); the top exited" in log
+    assert re.search(
+        r"SIGKILL to 1 process\(es\) \(\S+ \d+\) below the top at once \(no drain\); the top "
+        "exited",
+        log,
+    ), log
     assert finish(worker)[0] == EXIT_STOPPED
     code, said = check_health(head.state_file)
     assert code == 1 and said.startswith("sparkserve cluster health: the pair watch is not running")
