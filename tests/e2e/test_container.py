@@ -53,7 +53,7 @@ sparkserve-cpu` as a user types it:
      a stream longer than the drain ends with an error event, and the container exits by
      itself within compose's stop grace; each timed. The engine is held (SIGSTOP) from before
      the stop until vLLM took its SIGTERM, so both streams are in flight at the drain on any
-     machine.
+     machine (a short stream the engine finished before its hold is tried again, longer).
 
 What Docker here shows about a Spark, and what it cannot:
   - shown: Compose v2's own semantics on this compose file (the fetch gate, healthcheck
@@ -758,6 +758,38 @@ def tokens_per_s(port: int) -> float:
 
 
 SHUTDOWN_LINE = "API server: shutdown triggered"  # vLLM's API server took a SIGTERM
+SHORT_TRIES = 3  # short streams the engine may finish before its hold (test 8b)
+SETTLED_S = 1.5  # no new chunk for this long: the client has read all the held engine made
+
+
+def hold_a_short_stream(
+    port: int, engine: int, tokens: int, deadline: float
+) -> tuple[SseStream, int]:
+    """A stream with the engine held (SIGSTOP) at its first chunk and unfinished there. The
+    engine can run seconds ahead of what the client has read on a busy machine (seen: all of a
+    306-token stream made before its first chunk was read), so after the hold the client reads
+    what was made; a stream that ends meanwhile was not held in flight: the engine goes on and
+    one 4 times longer is tried. Returns the stream (the engine held) and the tries it took."""
+    for attempt in range(1, SHORT_TRIES + 1):
+        short = SseStream(port, API_KEY, "tiny", tokens)
+        short.start()
+        while short.result.first_chunk_at is None:
+            assert time.monotonic() < deadline and short.is_alive(), short.result
+            time.sleep(0.01)
+        os.kill(engine, signal.SIGSTOP)
+        try:
+            read = -1
+            while short.is_alive() and short.result.chunks != read:
+                read = short.result.chunks
+                time.sleep(SETTLED_S)
+        except BaseException:
+            os.kill(engine, signal.SIGCONT)
+            raise
+        if short.is_alive():
+            return short, attempt
+        os.kill(engine, signal.SIGCONT)
+        tokens *= 4
+    raise AssertionError(f"the engine finished each of {SHORT_TRIES} short streams before its hold")
 
 
 def signalled_at(project: ComposeProject, since_epoch: float) -> float | None:
@@ -778,18 +810,16 @@ def test_8b_drain_a_stop_finishes_short_streams_refuses_new_ones_and_ends_long_o
     # long: far past the drain; short: 2 s of decoding alone (measured up to 3.3 times that
     # beside the long one on a busy machine), started second and held at its first chunk
     long = SseStream(port, API_KEY, "tiny", min(32000, max(int(rate * 90), 4000)))
-    short = SseStream(port, API_KEY, "tiny", max(16, int(rate * 2)))
     engine = vllm_pid(project, engine=True)
     # the server's log holds its earlier stops (test 8's daemon restart): count the new lines
     earlier = project.logs(SERVICE)
     drain_line = re.compile(r"draining in-flight requests count=(\d+)")
     deadline = time.monotonic() + 60
-    for stream in (long, short):
-        stream.start()
-        while stream.result.first_chunk_at is None:
-            assert time.monotonic() < deadline and stream.is_alive(), stream.result
-            time.sleep(0.01)
-    os.kill(engine, signal.SIGSTOP)
+    long.start()
+    while long.result.first_chunk_at is None:
+        assert time.monotonic() < deadline and long.is_alive(), long.result
+        time.sleep(0.01)
+    short, short_tries = hold_a_short_stream(port, engine, max(16, int(rate * 2)), deadline)
     try:
         stopped_at, stopped_epoch = time.monotonic(), time.time()
         stop = threading.Thread(target=project.compose, args=("stop", SERVICE),
@@ -812,7 +842,8 @@ def test_8b_drain_a_stop_finishes_short_streams_refuses_new_ones_and_ends_long_o
 
     signal_epoch = signalled_at(project, stopped_epoch - 1)
     DRAIN_TIMINGS.update(
-        tokens_per_s=round(rate), short_tokens=short.max_tokens, long_tokens=long.max_tokens,
+        tokens_per_s=round(rate), short_tokens=short.max_tokens, short_tries=short_tries,
+        long_tokens=long.max_tokens,
         short_chunks_at_sigterm=short_chunks_at_sigterm,
         docker_signal_after_stop_s=round((signal_epoch or 0) - stopped_epoch, 2),
         sigterm_seen_after_stop_s=round(sigterm_at - stopped_at, 2),
