@@ -10,13 +10,14 @@ vLLM's processes form a tree: the API server, the engine core and workers below 
 it the launcher's shell when the launcher started it (the shell waits on vLLM). A rank may sit
 in a collective that never returns (its peer is gone), and a tree killed with SIGKILL leaves
 its shared-memory rings (/dev/shm/psm_*, Python's SharedMemory names) behind. So: SIGKILL every
-process below the API server at once (the model, its memory and every request in flight go
-with the engine), SIGTERM the top and the API server (which then has nothing to drain: it fails
-the open streams and exits; the launcher's shell exits with it), SIGKILL what is left after a
-grace, then remove the /dev/shm files the killed processes had open. The tree is collected
-before any signal, plus whatever was seen below it earlier, since a child whose parent died is
-no longer found below it. sparkserve's own watchers (the guard, its keeper, the pair watch)
-are no part of it: started beside vLLM, they exit by themselves when it does, saying why.
+process below the API server at once (the model, its memory and every request in flight go with
+the engine) and, in the same moment, SIGTERM the top and the API server (which then has nothing
+to drain: it fails the open streams and exits; the launcher's shell exits with it), SIGKILL
+what is left after a grace, then remove the /dev/shm files the killed processes had open. The
+tree is collected before any signal, plus whatever was seen below it earlier, since a child
+whose parent died is no longer found below it. sparkserve's own watchers (the guard, its
+keeper, the pair watch) are no part of it: started beside vLLM, they exit by themselves when it
+does, saying why.
 """
 
 from __future__ import annotations
@@ -147,12 +148,16 @@ def named(procs: list[psutil.Process]) -> str:
     return f"{len(procs)} process(es) ({', '.join(words)})"
 
 
+def _signal(procs: list[psutil.Process], signum: signal.Signals) -> None:
+    for proc in procs:
+        with contextlib.suppress(psutil.Error):
+            proc.send_signal(signum)
+
+
 def kill(procs: list[psutil.Process]) -> set[Path]:
     """SIGKILL them and wait until they are gone; returns the /dev/shm files they had."""
     files = shm_files(procs)
-    for proc in procs:
-        with contextlib.suppress(psutil.Error):
-            proc.send_signal(signal.SIGKILL)
+    _signal(procs, signal.SIGKILL)
     wait_gone(procs, 5.0)
     return files
 
@@ -166,13 +171,15 @@ def stop(tree: Tree, grace_s: float) -> str:
     said: list[str] = []
     tops = tree.tops()  # before the kill: a top that only waited on what is below goes with it
     below = tree.below()
+    files = shm_files(below)
     if below:
         said.append(f"SIGKILL to {named(below)} below the top at once (no drain)")
-    files = kill(below) if below else set()
-    for top in tops:
-        with contextlib.suppress(psutil.Error):
-            top.send_signal(signal.SIGTERM)
-    wait_gone(tops, grace_s)
+    # Both at once: a SIGKILLed process never runs again, so the top has nothing left to drain
+    # when its SIGTERM lands, and the grace runs while the kernel tears the engine down (which
+    # takes seconds for a large process on a busy host) instead of after it.
+    _signal(below, signal.SIGKILL)
+    _signal(tops, signal.SIGTERM)
+    wait_gone([*tops, *below], grace_s)
     left = tree.alive()  # the top, and anything it started meanwhile
     if left:
         said.append(f"SIGKILL to {named(left)} after a {grace_s:g} s grace")
