@@ -135,6 +135,38 @@ def test_drafter_sharing_the_head_gets_int8_and_one_with_its_own_is_left_alone()
     assert not isinstance(own.lm_head.quant_method, plugin.Int8HeadMethod)
 
 
+# vLLM 0.33's runners and where each keeps a drafter: (runner module, speculator class under
+# SPECULATORS, or None for the V1 runner's plain `drafter` attribute).
+SPECULATORS = "vllm.v1.worker.gpu.spec_decode"
+DRAFTER_HOMES = [
+    ("vllm.v1.worker.gpu_model_runner", None),
+    ("vllm.v1.worker.gpu.model_runner", "dflash.speculator.DFlashSpeculator"),
+    ("vllm.v1.worker.gpu.model_runner", "mtp.speculator.MTPSpeculator"),
+]
+
+
+@pytest.mark.parametrize(("runner_module", "speculator"), DRAFTER_HOMES)
+def test_the_drafter_sharing_the_head_is_found_in_each_runner(
+    runner_module: str, speculator: str | None
+) -> None:
+    """The report names a drafter that shares the head whichever of vLLM's runners loaded it
+    (its own classes, built without a GPU: only the attributes the lookup reads are set)."""
+    runner = object.__new__(pytest.importorskip(runner_module).GPUModelRunner)
+    target, drafter = make_model(), torch.nn.Module()
+    drafter.lm_head = target.lm_head
+    if speculator is None:
+        runner.drafter = SimpleNamespace(model=drafter)
+    else:
+        module, _, name = f"{SPECULATORS}.{speculator}".rpartition(".")
+        runner.speculator = object.__new__(getattr(pytest.importorskip(module), name))
+        runner.speculator.model = drafter
+    runner.model = target
+    report = plugin.convert_runner(runner)
+    assert report.path == "int8", report
+    assert "shares" in report.drafter, report
+    assert isinstance(drafter.lm_head.quant_method, plugin.Int8HeadMethod)
+
+
 def test_runner_accounting_and_failure_never_stops_load(tmp_path: Path) -> None:
     class Runner:
         def __init__(self, model: torch.nn.Module | None) -> None:

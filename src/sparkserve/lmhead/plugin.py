@@ -133,12 +133,22 @@ def _wrap_load_model(original: Callable[..., Any]) -> Callable[..., Any]:
 def convert_runner(runner: Any) -> HeadReport:
     """Convert the runner's target head, account for the memory, report what happened."""
     model = runner.get_model() if hasattr(runner, "get_model") else runner.model
-    drafter = getattr(getattr(runner, "drafter", None), "model", None)
-    report = convert_model(model, drafter, max_rows=max_rows(runner))
+    report = convert_model(model, draft_model(runner), max_rows=max_rows(runner))
     if report.path == "int8" and hasattr(runner, "model_memory_usage"):
         # The profiler sizes the KV pool from the memory the weights took at load time.
         runner.model_memory_usage -= report.freed_bytes - report.int8_bytes
     return report
+
+
+def draft_model(runner: Any) -> Any:
+    """The drafter's model, through the runner's own get_draft_model(): vLLM 0.33's GPU runner
+    (v1/worker/gpu/model_runner.py) keeps its drafter at `speculator`, not `drafter`, and
+    either runner may hold it inside a CUDA graph wrapper, which the accessor unwraps.
+    `runner.drafter.model` for a runner without the accessor."""
+    getter = getattr(runner, "get_draft_model", None)
+    if callable(getter):
+        return getter()
+    return getattr(getattr(runner, "drafter", None), "model", None)
 
 
 def launcher_rows(env: dict[str, str] | None = None) -> int:
