@@ -19,27 +19,69 @@ refuse_arguments() {
 # you set; docs/KNOBS.md) and checked, with the memory budget, against this machine. On a bad
 # value the registry prints one line (knob, value, what is allowed) and we exit 2.
 resolve_knobs() {
-  local exports
   LAUNCHER="$1"
-  exports="$(python_step knobs resolve --launcher "${LAUNCHER}" --prog "${PROG}")" || exit $?
-  eval "${exports}"
+  python_step knobs resolve --launcher "${LAUNCHER}" --prog "${PROG}"
 }
 
-# python_step ARGS...: `python3 -m sparkserve ARGS` for its stdout; on failure its one line
-# goes through refuse and the launcher exits 2.
+# python_step ARGS...: `python3 -m sparkserve ARGS`, whose output sets this shell's variables
+# (set_variables); on failure its one line goes through refuse and the launcher exits 2.
 python_step() {
-  local said out status=0
+  local said out status=0 line
   said="$(mktemp)"
-  out="$(python3 -m sparkserve "$@" 2>"${said}")" || status=$?
+  out="$(mktemp)"
+  python3 -m sparkserve "$@" >"${out}" 2>"${said}" || status=$?
   if (( status != 0 )); then
-    local line
     line="$(cat -- "${said}")"
-    rm -f -- "${said}"
+    rm -f -- "${said}" "${out}"
     refuse 2 "${line}"
   fi
   cat -- "${said}" >&2
-  rm -f -- "${said}"
-  printf '%s\n' "${out}"
+  set_variables "${out}"
+  rm -f -- "${said}" "${out}"
+}
+
+# set_variables FILE: the variables a Python step wrote to FILE (sparkserve.shell.records:
+# `scalar NAME VALUE` or `array NAME COUNT WORD...`, every field ended by a NUL) as this
+# shell's globals. Read as data, never run: no value can execute anything here.
+set_variables() {
+  local -a fields
+  local i=0 kind name count
+  mapfile -t -d '' fields < "$1"
+  while (( i < ${#fields[@]} )); do
+    kind="${fields[i]}"
+    name="${fields[i + 1]:-}"
+    count="${fields[i + 2]:-}"
+    if [[ ! "${name}" =~ ^[A-Z][A-Z0-9_]*$ ]] \
+      || [[ "${kind}" == array && ! "${count}" =~ ^(0|[1-9][0-9]*)$ ]] \
+      || (( i + 3 > ${#fields[@]} )); then
+      printf '%s: unreadable output of a sparkserve step at field %s (%q %q)\n' \
+        "${PROG}" "${i}" "${kind}" "${name}" >&2
+      exit 1
+    fi
+    case "${kind}" in
+      scalar)
+        printf -v "${name}" '%s' "${fields[i + 2]}"
+        i=$(( i + 3 ))
+        ;;
+      array)
+        if (( i + 3 + count > ${#fields[@]} )); then
+          printf '%s: unreadable output of a sparkserve step: %s has fewer than %s words\n' \
+            "${PROG}" "${name}" "${count}" >&2
+          exit 1
+        fi
+        local -n words="${name}"
+        # shellcheck disable=SC2034  # a nameref: this sets the global array NAME
+        words=("${fields[@]:i + 3:count}")
+        unset -n words
+        i=$(( i + 3 + count ))
+        ;;
+      *)
+        printf '%s: unreadable output of a sparkserve step: record kind %q\n' \
+          "${PROG}" "${kind}" >&2
+        exit 1
+        ;;
+    esac
+  done
 }
 
 # refuse STATUS LINE: exit STATUS (2: a setting, 3: a guard record) after printing LINE, once
@@ -69,10 +111,7 @@ refuse() {
 # VLLM_ARGS and VLLM_ENV; the guard's and the pair watch's commands watch this shell's PID,
 # vLLM's parent (run_vllm).
 vllm_command() {
-  local exports
-  exports="$(python_step knobs command --launcher "${LAUNCHER}" --prog "${PROG}" --pid "$$")" \
-    || exit $?
-  eval "${exports}"
+  python_step knobs command --launcher "${LAUNCHER}" --prog "${PROG}" --pid "$$"
   local note
   for note in "${NOTES[@]}"; do
     printf '%s: %s\n' "${PROG}" "${note}" >&2

@@ -41,7 +41,7 @@ def test_the_whole_parser_has_every_command_and_one_typed_adds_only_its_own() ->
 PROBE = """
 import contextlib, io, json, sys
 from sparkserve.cli import COMMAND_MODULES, main
-with contextlib.redirect_stdout(io.StringIO()):
+with contextlib.redirect_stdout(io.TextIOWrapper(io.BytesIO())):  # a step writes bytes
     status = main(sys.argv[1:])
 print(json.dumps([status, sorted(set(COMMAND_MODULES.values()) & set(sys.modules))]))
 """

@@ -87,12 +87,14 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     knobs.set_defaults(run=_run_knobs)
     knob_commands = knobs.add_subparsers(dest="knobs_command", metavar="ACTION", required=True)
     resolve = knob_commands.add_parser(
-        "resolve", help="validate the environment's knobs; print shell exports for a launcher"
+        "resolve",
+        help="validate the environment's knobs; write a launcher's variables (NUL-separated)",
     )
     resolve.add_argument("--launcher", choices=LAUNCHERS, required=True)
     resolve.add_argument("--prog", default="sparkserve", help="name to put on error lines")
     command = knob_commands.add_parser(
-        "command", help="vLLM's command and environment for a launcher, as shell exports"
+        "command",
+        help="vLLM's command and environment, as a launcher's variables (NUL-separated)",
     )
     command.add_argument("--launcher", choices=LAUNCHERS, required=True)
     command.add_argument("--prog", default="sparkserve", help="name to put on error lines")

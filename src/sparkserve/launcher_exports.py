@@ -1,4 +1,5 @@
-"""What a launcher learns from Python, as shell text for it to eval, in two steps.
+"""What a launcher learns from Python, in two steps, as shell variables (sparkserve.shell's
+records, which the launcher reads as data: nothing here is run as shell code).
 
 `sparkserve knobs resolve --launcher L` (before anything starts): resolves the settings
 (sparkserve.settings), checks the memory budget, a chosen recipe's fit, the pair's layout and
@@ -20,6 +21,7 @@ exits 2 (the launcher then stops).
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
@@ -35,7 +37,7 @@ from sparkserve.memory.host import GIB, read_meminfo
 from sparkserve.patching.engine import PatchError
 from sparkserve.patching.vllm_install import locate as locate_vllm
 from sparkserve.settings import Settings, check_budget, check_recipe_fits, resolve_settings
-from sparkserve.shell import bash_array, shell_quote
+from sparkserve.shell import Value, records
 from sparkserve.vllm_command import vllm_command
 
 LAUNCHER_SCRIPTS = recipes.LAUNCHER_SCRIPTS
@@ -80,28 +82,28 @@ def target_is_hybrid(settings: Settings) -> tuple[bool, str]:
     return is_hybrid(config), ""
 
 
-def resolve_exports(env: Mapping[str, str], launcher: Launcher, total_bytes: int) -> list[str]:
+def resolve_exports(
+    env: Mapping[str, str], launcher: Launcher, total_bytes: int
+) -> dict[str, Value]:
     settings, _ = checked_settings(env, launcher, total_bytes)
     link = cluster_exports(settings.text)  # a pair's link knobs against this machine's
     # Shell variables, not exports: the command step resolves the same environment again, and
     # an exported default would read there as set by the user.
-    lines = [
-        f"{name}={shell_quote(value)}"
-        for name, value in settings.text.items()
-        if name not in ("API_KEY", "HF_TOKEN")
-    ]
-    derived = {
+    variables: dict[str, Value] = {
+        name: value for name, value in settings.text.items() if name not in ("API_KEY", "HF_TOKEN")
+    }
+    variables |= {
         "VLLM_FOUND_VERSION": installed_vllm(),
         "MEM_TOTAL_GIB": f"{total_bytes / GIB:.1f}",
         "GUARD_MARKER": str(marker_path(settings["HF_HOME"])),
         "CLUSTER_STATE_FILE": str(state_path(env)),
         **link,
     }
-    lines += [f"{k}={shell_quote(v)}" for k, v in derived.items()]
-    fetch = ["env", f"HF_HUB_OFFLINE={settings['HF_OFFLINE']}", "python3", "-m", "sparkserve",
-             "fetch", "--launcher", launcher, "--prog", LAUNCHER_SCRIPTS[launcher]]  # fmt: skip
-    lines.append(bash_array("FETCH_ARGS", fetch))
-    return lines
+    variables["FETCH_ARGS"] = [
+        "env", f"HF_HUB_OFFLINE={settings['HF_OFFLINE']}", "python3", "-m", "sparkserve",
+        "fetch", "--launcher", launcher, "--prog", LAUNCHER_SCRIPTS[launcher],
+    ]  # fmt: skip
+    return variables
 
 
 def guard_args(settings: Settings, pid: int) -> list[str]:
@@ -139,21 +141,21 @@ def watch_args(settings: Settings, pid: int, address: str, state_file: Path) -> 
 
 def command_exports(
     env: Mapping[str, str], launcher: Launcher, total_bytes: int, pid: int
-) -> list[str]:
+) -> dict[str, Value]:
     settings, notes = checked_settings(env, launcher, total_bytes)
     address = cluster_exports(settings.text)["CLUSTER_HOST_IP"]
     hybrid, note = target_is_hybrid(settings)
     version = installed_vllm()
     command = vllm_command(settings, version, hybrid, address)
     notes += [f"vLLM {version}: {reason}" for reason in command.notes]
-    return [
-        bash_array("VLLM_ARGS", command.argv),
-        bash_array("VLLM_ENV", [f"{k}={v}" for k, v in command.env.items()]),
-        bash_array("VLLM_ENV_SHOWN", command.shown_env()),
-        bash_array("NOTES", [*notes, *([note] if note else [])]),
-        bash_array("GUARD_ARGS", guard_args(settings, pid)),
-        bash_array("WATCH_ARGS", watch_args(settings, pid, address, state_path(env))),
-    ]
+    return {
+        "VLLM_ARGS": command.argv,
+        "VLLM_ENV": [f"{k}={v}" for k, v in command.env.items()],
+        "VLLM_ENV_SHOWN": command.shown_env(),
+        "NOTES": [*notes, *([note] if note else [])],
+        "GUARD_ARGS": guard_args(settings, pid),
+        "WATCH_ARGS": watch_args(settings, pid, address, state_path(env)),
+    }
 
 
 def main_resolve(launcher: Launcher, env: Mapping[str, str], prog: str) -> int:
@@ -164,10 +166,11 @@ def main_command(launcher: Launcher, env: Mapping[str, str], prog: str, pid: int
     return _print_or_fail(prog, lambda total: command_exports(env, launcher, total, pid))
 
 
-def _print_or_fail(prog: str, make: Callable[[int], list[str]]) -> int:
+def _print_or_fail(prog: str, make: Callable[[int], dict[str, Value]]) -> int:
     try:
-        lines = make(read_meminfo().total)
+        variables = make(read_meminfo().total)
     except KnobError as error:
         return fail(prog, error, EXIT_BAD_INPUT)
-    print("\n".join(lines))
+    sys.stdout.buffer.write(records(variables))
+    sys.stdout.flush()
     return EXIT_OK

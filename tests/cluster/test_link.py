@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from sparkserve.cluster.link import cluster_exports
+from sparkserve.shell import read_records
 from support import netns
 
 SRC = Path(__file__).resolve().parents[2] / "src"
@@ -43,6 +44,12 @@ def _resolve_in(
     return pair.run(namespace, *argv, check=False)
 
 
+def _variables(done: subprocess.CompletedProcess[str]) -> dict[str, object]:
+    """What the launcher's set_variables reads from the step's output."""
+    assert done.returncode == 0, done.stderr
+    return dict(read_records(done.stdout.encode()))
+
+
 def _head(
     pair: netns.NodePair, step: str = "resolve", **knobs: str
 ) -> subprocess.CompletedProcess[str]:
@@ -52,17 +59,23 @@ def _head(
 
 
 def test_the_head_and_the_worker_find_their_address_on_the_link(pair: netns.NodePair) -> None:
-    head = _head(pair, CLUSTER_JOIN_TIMEOUT_S="600.5")
-    assert head.returncode == 0, head.stderr
-    assert f"CLUSTER_HOST_IP='{pair.head_ip}'" in head.stdout
-    command = _head(pair, step="command", CLUSTER_JOIN_TIMEOUT_S="600.5")
-    assert command.returncode == 0, command.stderr
-    assert "'--distributed-timeout-seconds' '601'" in command.stdout
-    assert f"'VLLM_HOST_IP={pair.head_ip}'" in command.stdout
-    worker = _resolve_in(pair, pair.worker, CLUSTER_RANK="1", CLUSTER_HEAD_ADDR=pair.head_ip,
-                         CLUSTER_IFACE=pair.worker_if)  # fmt: skip
-    assert worker.returncode == 0, worker.stderr
-    assert f"CLUSTER_HOST_IP='{pair.worker_ip}'" in worker.stdout
+    head = _variables(_head(pair, CLUSTER_JOIN_TIMEOUT_S="600.5"))
+    assert head["CLUSTER_HOST_IP"] == pair.head_ip
+    command = _variables(_head(pair, step="command", CLUSTER_JOIN_TIMEOUT_S="600.5"))
+    argv = command["VLLM_ARGS"]
+    assert isinstance(argv, list)
+    assert argv[argv.index("--distributed-timeout-seconds") + 1] == "601"
+    assert f"VLLM_HOST_IP={pair.head_ip}" in command["VLLM_ENV"]  # type: ignore[operator]
+    worker = _variables(
+        _resolve_in(
+            pair,
+            pair.worker,
+            CLUSTER_RANK="1",
+            CLUSTER_HEAD_ADDR=pair.head_ip,
+            CLUSTER_IFACE=pair.worker_if,
+        )
+    )
+    assert worker["CLUSTER_HOST_IP"] == pair.worker_ip
 
 
 @pytest.mark.parametrize(
@@ -98,10 +111,16 @@ def test_a_down_interface_and_one_without_an_address_are_refused() -> None:
     if reason:
         pytest.skip(reason)
     with netns.node_pair() as pair:
-        ok = _resolve_in(pair, pair.worker, CLUSTER_RANK="1", CLUSTER_HEAD_ADDR=pair.head_ip,
-                         CLUSTER_IFACE=pair.worker_if)  # fmt: skip
-        assert ok.returncode == 0, ok.stderr
-        assert f"CLUSTER_HOST_IP='{pair.worker_ip}'" in ok.stdout
+        ok = _variables(
+            _resolve_in(
+                pair,
+                pair.worker,
+                CLUSTER_RANK="1",
+                CLUSTER_HEAD_ADDR=pair.head_ip,
+                CLUSTER_IFACE=pair.worker_if,
+            )
+        )
+        assert ok["CLUSTER_HOST_IP"] == pair.worker_ip
         pair.cut(pair.head)
         down = _resolve_in(pair, pair.head, CLUSTER_HEAD_ADDR=pair.head_ip,
                            CLUSTER_IFACE=pair.head_if)  # fmt: skip
