@@ -13,6 +13,7 @@ import sys
 import time
 from pathlib import Path
 
+import psutil
 import pytest
 
 from sparkserve.stopping import Tree, stop
@@ -142,6 +143,13 @@ def test_the_guard_beside_vllm_is_spared_and_exits_by_itself(tmp_path: Path) -> 
         top.wait()
 
 
+def _is_keeper(pid: int) -> bool:
+    try:
+        return "sparkserve.guard_keeper" in psutil.Process(pid).cmdline()
+    except psutil.Error:
+        return False
+
+
 def _read(path: Path) -> str:
     try:
         return path.read_text()
@@ -171,20 +179,30 @@ def test_under_the_launchers_shell_the_api_server_is_sigtermed_and_the_engine_ki
 ) -> None:
     """The pid a watcher is given is the launcher's shell: the API server one level below it
     is SIGTERMed (to fail its streams and exit), never SIGKILLed at once like its engine; the
-    guard's keeper beside it is spared."""
-    done = tmp_path / "api-server-stopped"
-    # a stand-in keeper: sparkserve's watchers are known by `-m MODULE` in their command line
-    keeper = f"{sys.executable} -c 'import time; time.sleep(300)' -m sparkserve.guard_keeper"
+    guard's keeper beside it is spared, also when it was first seen before its exec."""
+    done, go = tmp_path / "api-server-stopped", tmp_path / "exec-the-keeper"
+    # a stand-in keeper: sparkserve's watchers are known by `-m MODULE` in their command line;
+    # it is a shell (the launcher's fork) until the test lets it exec
+    os.mkfifo(go)
+    keeper = (f"read -r _ < {go}; exec {sys.executable} -c 'import time; time.sleep(300)' "
+              "-m sparkserve.guard_keeper")  # fmt: skip
     # a script named vllm run as `vllm serve`, as the launcher's `vllm serve ...` is
     script = tmp_path / "vllm"
     script.write_text(API_SERVER)
-    launcher = f"{keeper} & {sys.executable} {script} serve {done} & wait $!"
+    launcher = f"({keeper}) & {sys.executable} {script} serve {done} & wait $!"
     top = subprocess.Popen(["bash", "-c", launcher], stdout=subprocess.PIPE, text=True,
                            start_new_session=True)  # fmt: skip
     try:
         assert top.stdout is not None
         engine = int(top.stdout.readline())
         tree = Tree(top.pid)
+        forked = [p.pid for p in tree.below() if p.pid != engine]
+        assert len(forked) == 1 and not tree.watchers, tree.below()  # not a watcher yet
+        go.write_text("exec\n")  # the fork reads it and becomes the keeper
+        deadline = time.monotonic() + HANG_S
+        while not _is_keeper(forked[0]):
+            assert time.monotonic() < deadline, "the keeper's stand-in never ran"
+            time.sleep(0.02)
         assert [p.pid for p in tree.below()] == [engine], tree.below()
         assert len(tree.tops()) == 2 and len(tree.watchers) == 1, (tree.tops(), tree.watchers)
         said = stop(tree, grace_s=HANG_S)

@@ -61,13 +61,18 @@ class Tree:
         ours = {os.getpid(), os.getppid()}
         with contextlib.suppress(psutil.Error):
             for child in self.top.children(recursive=True):
-                if child.pid not in self.seen and child.pid not in self.watchers:
-                    if child.pid in ours or _is_watcher(child):
-                        self.watchers.add(child.pid)
-                    else:
-                        self.seen[child.pid] = child
-                        if self._under_launcher_shell(child):
-                            self.heads.add(child.pid)
+                if child.pid in self.watchers:
+                    continue
+                # Looked at every time, not once: a watcher seen between the launcher's fork
+                # and its exec is a shell at first, and must not stay counted as vLLM's.
+                if child.pid in ours or _is_watcher(child):
+                    self.watchers.add(child.pid)
+                    self.seen.pop(child.pid, None)
+                    self.heads.discard(child.pid)
+                elif child.pid not in self.seen:
+                    self.seen[child.pid] = child
+                    if self._under_launcher_shell(child):
+                        self.heads.add(child.pid)
 
     def _under_launcher_shell(self, child: psutil.Process) -> bool:
         assert self.top is not None
