@@ -8,6 +8,7 @@ import csv
 import itertools
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -95,13 +96,13 @@ def _start_stress_until_first_level(
     return stress, lines
 
 
-def _hog(below_gib: float, cap_gib: float, hold_s: float) -> str:
+def _hog(below_gib: float, cap_gib: float) -> str:
     """A process that takes memory in 64 MiB steps until MemAvailable (its cgroup's headroom
     where that is less) is below `below_gib` (whatever other processes free or take
-    meanwhile), at most `cap_gib`; then it holds it for `hold_s`. It prints the time it got
-    there, the GiB it holds and the time it let go."""
+    meanwhile), at most `cap_gib`; then it holds it until its stdin closes. It prints the time
+    it got there and the GiB it holds."""
     return (
-        "import time\n"
+        "import sys, time\n"
         "from sparkserve.memory.host import read_meminfo\n"
         "def available():\n"
         "    return read_meminfo().available\n"
@@ -111,9 +112,14 @@ def _hog(below_gib: float, cap_gib: float, hold_s: float) -> str:
         "    b[::4096] = b'\\x01' * len(range(0, step, 4096))\n"
         "    held.append(b)\n"
         "print(time.time(), len(held) * step / 2**30, flush=True)\n"
-        f"time.sleep({hold_s})\n"
-        "print(time.time(), flush=True)\n"
+        "sys.stdin.read()\n"
     )
+
+
+def _low_reported(line: str) -> float | None:
+    """The lowest MemAvailable a stress progress line reports ("... (low 3.98 GiB)"), or None."""
+    found = re.search(r"\(low ([0-9.]+)", line) if line.startswith("[stress]") else None
+    return float(found.group(1)) if found else None
 
 
 @pytest.mark.e2e
@@ -123,31 +129,43 @@ def test_a_memory_hog_flips_the_verdict_to_fail_at_its_moment(
 ) -> None:
     # The stress run and the hog share a memory cgroup of their own (4 GiB): the hog fills
     # that, not the host, and the tests of the other process cannot move its verdict.
+    # The order holds on a machine of any speed: the hog is at its level before the stress run
+    # starts and lets go only once a progress line of the run reports the low it caused, with
+    # the run's idle and second level still to come.
     with memory_cgroup(4 * GIB) as cgroup:
         available = cgroup.headroom() / GIB
         # The OS reserve is 1.5 GiB below what is available now; the hog takes memory until
-        # it is 0.5 GiB below the reserve and holds it for 2 s at 10 Hz sampling. 4 s of
-        # idle before, between and after the two short levels keep the run going meanwhile.
+        # it is 0.5 GiB below the reserve.
         reserve = available - 1.5
         out = tmp_path / "hog"
-        stress, lines = _start_stress_until_first_level(
+        started = time.time()
+        hog = subprocess.Popen(
+            [sys.executable, "-c", _hog(reserve - 0.5, available - 1.0)],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, preexec_fn=cgroup.preexec,
+        )  # fmt: skip
+        assert hog.stdin is not None and hog.stdout is not None
+        reached, held_gib = (float(x) for x in hog.stdout.readline().split())
+        stress = subprocess.Popen(
             [sys.executable, "-m", "sparkserve", *stress_argv(
                 shared_server, out, "--bank", "1,2", "--prompt-tokens", "512", "--gen-tokens",
                 "400", "--os-reserve-gb", f"{reserve:.3f}", "--settle-s", "4",
             )],
-            preexec=cgroup.preexec,
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=cgroup.preexec,
         )  # fmt: skip
-        time.sleep(0.5)
-        started = time.time()
-        hog = subprocess.run(
-            [sys.executable, "-c", _hog(reserve - 0.5, available - 1.0, 2.0)],
-            capture_output=True, text=True, check=True, preexec_fn=cgroup.preexec,
-        )  # fmt: skip
+        assert stress.stderr is not None
+        lines: list[str] = []
+        for line in stress.stderr:
+            lines.append(line)
+            low = _low_reported(line)
+            if low is not None and low < reserve:
+                break
+        hog.stdin.close()  # the hog lets go
+        hog.wait(timeout=60)
         exited = time.time()  # the hog's memory is back once its process is gone
-        reached, held_gib, _ = (float(x) for x in hog.stdout.split())
         stdout, stderr = stress.communicate(timeout=240)
-    held = f"the hog held {held_gib:.2f} GiB\n"
+    held = f"the hog held {held_gib:.2f} GiB from {reached:.1f} to {exited:.1f}\n"
     assert stress.returncode == 1, held + "".join(lines) + stderr + stdout
+    assert "c=2:" in stderr, "the run went on after the hog let go"
     assert stdout.startswith("FAIL: MemAvailable fell to")
     result = _check_outputs(out)
     verdict = result["verdict"]
