@@ -270,7 +270,15 @@ def test_launcher_runs_vllm_with_the_key_in_its_environment_only(
     assert "s3cr3t" not in argv and "s3cr3t" not in stdout + stderr
     assert "VLLM_API_KEY=s3cr3t-key" in child_env
     assert not any(line.startswith("API_KEY=") for line in child_env)
-    assert f"VLLM_CACHE_ROOT={tmp_path / 'hf' / 'vllm'}" in child_env
+    hf = tmp_path / "hf"
+    for name, where in (
+        ("VLLM_CACHE_ROOT", "vllm"),
+        ("TRITON_CACHE_DIR", "triton"),
+        ("TORCHINDUCTOR_CACHE_DIR", "inductor"),
+        ("FLASHINFER_WORKSPACE_BASE", "flashinfer"),
+        ("CUDA_CACHE_PATH", "nv-compute-cache"),
+    ):  # every cache a start fills, on the model-cache volume
+        assert f"{name}={hf / where}" in child_env
     assert "VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS=0" in child_env
     assert "HF_HUB_OFFLINE=1" in child_env, "vLLM itself never downloads"
     assert ": a local folder, nothing to fetch" in stderr
@@ -285,6 +293,7 @@ def test_dry_run_hides_secrets_and_keeps_the_compile_cache_on_the_volume() -> No
     assert "env: VLLM_API_KEY=<hidden>" in done.stdout
     assert "env: HF_TOKEN=<hidden>" in done.stdout
     assert "env: VLLM_CACHE_ROOT='/root/.cache/huggingface/vllm'" in done.stdout
+    assert "env: TRITON_CACHE_DIR='/root/.cache/huggingface/triton'" in done.stdout
     assert "env: VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS='0'" in done.stdout
     assert "guard: 'python3' '-m' 'sparkserve.guard_keeper' '--pid'" in done.stdout
     quiet = run_launcher("mtp", launcher_env(DRY_RUN="1", GUARD="0"))

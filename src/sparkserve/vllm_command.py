@@ -102,11 +102,34 @@ def join_timeout_s(settings: Settings) -> int:
     return math.ceil(settings.number("CLUSTER_JOIN_TIMEOUT_S") or 0)
 
 
+def start_caches(hf_home: str) -> dict[str, str]:
+    """Where every cache a start fills goes: under HF_HOME, the model-cache volume, so that a
+    recreated container (a new image, `compose down` and `up`) starts warm. Outside the volume
+    a container's own layer holds them and loses them. vLLM keeps its torch.compile artefacts
+    under VLLM_CACHE_ROOT and points inductor (and Triton, when the caller names no Triton
+    cache) into its per-model folder only while it compiles (compilation/compiler_interface.py,
+    initialize_inductor_cache, and compilation/decorators.py in 0.33); every kernel launched
+    before or beside that (GatedDeltaNet's Triton kernels, the int8 head's) JIT-compiles into
+    Triton's default ~/.triton/cache, 3.6 MB after one start on an H200 (FACTS)."""
+    return {
+        "VLLM_CACHE_ROOT": f"{hf_home}/vllm",
+        # Triton's JIT cache (triton/knobs.py: TRITON_CACHE_DIR), and with it the autotuning
+        # results vLLM asks Triton to keep (env_override.py: TRITON_CACHE_AUTOTUNING=1)
+        "TRITON_CACHE_DIR": f"{hf_home}/triton",
+        # inductor outside vLLM's compile (default /tmp/torchinductor_<user>)
+        "TORCHINDUCTOR_CACHE_DIR": f"{hf_home}/inductor",
+        # FlashInfer's JIT-built kernels: <base>/.cache/flashinfer (default base: ~)
+        "FLASHINFER_WORKSPACE_BASE": f"{hf_home}/flashinfer",
+        # the CUDA driver's PTX-to-SASS cache (default ~/.nv/ComputeCache): kernels shipped as
+        # PTX only for a newer GPU than they were built for (sm_121) compile at their first load
+        "CUDA_CACHE_PATH": f"{hf_home}/nv-compute-cache",
+    }
+
+
 def vllm_env(settings: Settings, host_ip: str) -> dict[str, str]:
     env = {
         "HF_HOME": settings["HF_HOME"],
-        # compile artefacts on the model-cache volume: a restart can reuse them
-        "VLLM_CACHE_ROOT": f"{settings['HF_HOME']}/vllm",
+        **start_caches(settings["HF_HOME"]),
         "VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS": settings[
             "VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS"
         ],

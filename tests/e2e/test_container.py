@@ -127,6 +127,8 @@ PLAIN_SERVING = {"MODEL": PLAIN_REPO, "GUARD_RESUME": "0", "GUARD_FLOOR_GB": "",
                  "EXTRA_ARGS": "--enforce-eager", "MAX_MODEL_LEN": "32768"}  # fmt: skip
 TIMINGS: dict[str, float] = {}
 COMPILE_LINES: dict[str, list[str]] = {}
+# what each start left on the model-cache volume besides the models (cold, then warm)
+VOLUME_CACHES_MB: dict[str, dict[str, float]] = {}
 
 pytestmark = pytest.mark.skipif(
     not os.environ.get("SPARKSERVE_CPU_IMAGE"),
@@ -191,10 +193,12 @@ def project(
 @pytest.fixture(scope="module", autouse=True)
 def report() -> Iterator[None]:
     yield
-    print(f"\ncontainer timings: {json.dumps(TIMINGS)}")
+    print(f"\ncontainer timings: {json.dumps(TIMINGS)}; caches: {json.dumps(VOLUME_CACHES_MB)}")
     path = os.environ.get("SPARKSERVE_E2E_REPORT")
     if path:  # the figures docs/FINDINGS.md quotes
-        Path(path).write_text(json.dumps({**TIMINGS, **COMPILE_LINES}, indent=1) + "\n")
+        Path(path).write_text(
+            json.dumps({**TIMINGS, **COMPILE_LINES, **VOLUME_CACHES_MB}, indent=1) + "\n"
+        )
 
 
 @pytest.fixture(scope="module")
@@ -237,6 +241,16 @@ def compile_lines(log: str) -> list[str]:
     """What vLLM said about compiling (or loading compiled code), for the report."""
     words = ("compil", "Directly load", "AOT")
     return [line[-200:] for line in log.splitlines() if any(w in line for w in words)][:20]
+
+
+def volume_caches_mb(project: ComposeProject) -> dict[str, float]:
+    """The size of each top-level folder on the model-cache volume but the models', in MB."""
+    sizes = {}
+    for folder in sorted(project.volume_path("hf-cache").iterdir()):
+        if folder.is_dir() and folder.name != "hub":
+            files = [p for p in folder.rglob("*") if p.is_file() and not p.is_symlink()]
+            sizes[folder.name] = round(sum(p.stat().st_size for p in files) / 1e6, 1)
+    return sizes
 
 
 def guard_record(project: ComposeProject) -> Path:
@@ -315,6 +329,14 @@ def test_2_serves_the_api_from_the_cached_model(project: ComposeProject, tmp_pat
     # vLLM's compile cache (VLLM_CACHE_ROOT under HF_HOME) is on the volume, for later starts
     compile_cache = project.volume_path("hf-cache") / "vllm"
     assert any(path.is_file() for path in compile_cache.rglob("*")), "no compile cache kept"
+    # and no cache the launcher moves onto the volume filled its default in the container's
+    # own layer, which a recreated container loses (sparkserve.vllm_command.start_caches)
+    defaults = ("/root/.triton", "/root/.nv", "/root/.cache/flashinfer", "/tmp/torchinductor_*")
+    listed = docker(
+        "exec", project.container(SERVICE), "sh", "-c", f"ls -d {' '.join(defaults)} || true"
+    )
+    assert listed.stdout.split() == [], listed.stdout
+    VOLUME_CACHES_MB["first"] = volume_caches_mb(project)
     fetch_log = project.logs(f"{SERVICE}-fetch")
     for repo in (TARGET_REPO, DRAFTER_REPO):
         assert f"{repo}: in the cache" in fetch_log, fetch_log
@@ -510,6 +532,7 @@ def test_4_guard_resume_is_used_once_and_the_cache_serves_the_second_start(
     assert not guard_record(project).exists()
     assert "downloaded" not in log  # the cache already held every file
     COMPILE_LINES["warm"] = compile_lines(log)
+    VOLUME_CACHES_MB["warm"] = volume_caches_mb(project)
 
     # A later trip: a record on the volume, vLLM gone. Docker restarts the same container
     # (same filesystem, same GUARD_RESUME=1), and that start must refuse: the resume is spent.

@@ -218,16 +218,14 @@ def event_timer(m: int, calls: Mapping[Choice, Callable[[], Any]]) -> dict[Choic
     return {key: statistics.median(v) for key, v in samples.items()}
 
 
-_L2: dict[int, torch.Tensor] = {}
-
-
 def _l2_buffer() -> torch.Tensor:
+    """Twice the L2 cache, for one timing call. Not kept between calls: a buffer that outlived
+    the calibration (about 0.12 GiB on an H200) stayed allocated when vLLM profiled, and the
+    first start's KV pool came out that much smaller than a later start's (H200 starts,
+    docs/FINDINGS.md); torch's caching allocator hands the same block to the next call."""
     device = torch.cuda.current_device()
-    if device not in _L2:
-        size = getattr(torch.cuda.get_device_properties(device), "L2_cache_size", 0) or 64 << 20
-        _L2.clear()  # one buffer: calibration runs once per process
-        _L2[device] = torch.empty(2 * size // 4, dtype=torch.int32, device=device)
-    return _L2[device]
+    size = getattr(torch.cuda.get_device_properties(device), "L2_cache_size", 0) or 64 << 20
+    return torch.empty(2 * size // 4, dtype=torch.int32, device=device)
 
 
 def _gpu_sleep() -> None:

@@ -1,0 +1,112 @@
+#!/usr/bin/env bash
+# h200.sh: this project on a borrowed CUDA host (the H200 of the device tool; not a GB10), with
+# vLLM's CUDA build carried in as ../shared/gpu/bundle.sh packs it (4 parts; one device call
+# carries at most 64 MiB, so one part travels per call and waits in /tmp for the next).
+#
+#   PART_MB=59 ../shared/gpu/bundle.sh .gl/bundle     here: p.0 .. p.3 in the ignored .gl/
+#   h200.sh stash N          on the host, one call per part (carry .gl/bundle/p.N)
+#   h200.sh tests            on the host: the lm-head's tests, the GPU ones included (carry
+#                            .gl/pytest too: pip download pytest pluggy iniconfig into it)
+#   h200.sh starts CASES     on the host, the call after the last part: assemble and install
+#                            (once per machine), check what loads, then
+#                            benchmarks/gpu/starts.py --cases CASES; everything under $OUT
+#
+# Every step prints its seconds; the host's own torch, triton and CUDA stay as they are.
+set -euo pipefail
+
+readonly ROOT=/tmp/sparkgpu
+repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
+readonly REPO="${repo}"
+
+step() {
+  printf '[h200 %s] %s\n' "$(date -u +%T)" "$*"
+}
+
+stash() {
+  local part="$1" file="${REPO}/.gl/bundle/p.$1"
+  [[ "${part}" =~ ^[0-9]$ ]] || { echo "h200.sh: stash ${part}: a part number 0-9" >&2; exit 2; }
+  [[ -f "${file}" ]] || { echo "h200.sh: stash ${part}: ${file} did not travel (carry it)" >&2; exit 2; }
+  mkdir -p "${ROOT}/parts"
+  cp "${file}" "${ROOT}/parts/"
+  step "part ${part} stashed: $(cd "${ROOT}/parts" && echo p.*)"
+}
+
+install() {
+  if [[ -f "${ROOT}/installed" ]]; then
+    step "installed already on this machine"
+    return
+  fi
+  local began="${SECONDS}"
+  mkdir -p "${ROOT}/bundle" "${ROOT}/site" "${ROOT}/bin"
+  cat "${ROOT}"/parts/p.* | tar -C "${ROOT}/bundle" -x
+  python3 - "${ROOT}/bundle/wheels" "${ROOT}/site" <<'PY'
+import sys, zipfile
+from pathlib import Path
+for wheel in sorted(Path(sys.argv[1]).glob("*.whl")):
+    zipfile.ZipFile(wheel).extractall(sys.argv[2])
+PY
+  # this checkout (not the bundle's copy), so that its entry points make it vLLM's plugin
+  python3 -m pip install -q --no-deps --no-build-isolation --target "${ROOT}/site" "${REPO}"
+  # vLLM spawns its engine: the entry script needs the __main__ guard
+  cat > "${ROOT}/bin/vllm" <<'PY'
+#!/usr/bin/env python3
+import sys
+
+from vllm.entrypoints.cli.main import main
+
+if __name__ == "__main__":
+    sys.exit(main())
+PY
+  chmod +x "${ROOT}/bin/vllm"
+  touch "${ROOT}/installed"
+  step "installed in $((SECONDS - began)) s"
+}
+
+host_env() {
+  # the host's user site (where its torch may live) stays importable under another HOME
+  local user_site
+  user_site="$(python3 -c 'import site; print(site.getusersitepackages())')"
+  export PYTHONPATH="${ROOT}/site:${user_site}"
+  export PATH="${ROOT}/bin:${PATH}"
+}
+
+gpu_tests() {
+  install
+  # pytest's wheels travel beside a part (carry .gl/pytest: pip download pytest pluggy iniconfig)
+  [[ -d "${REPO}/.gl/pytest" ]] || { echo "h200.sh: tests: .gl/pytest did not travel" >&2; exit 2; }
+  python3 - "${REPO}/.gl/pytest" "${ROOT}/site" <<'PY'
+import sys, zipfile
+from pathlib import Path
+for wheel in sorted(Path(sys.argv[1]).glob("*.whl")):
+    zipfile.ZipFile(wheel).extractall(sys.argv[2])
+PY
+  host_env
+  step "the lm-head's tests on this GPU"
+  (cd "${REPO}" && PYTHONPATH="${REPO}/src:${REPO}/tests:${PYTHONPATH}" \
+    python3 -m pytest -p no:cacheprovider -q tests/lmhead)
+}
+
+starts() {
+  local cases="$1" out="${OUT:?h200.sh: OUT names the folder whose files come back}"
+  install
+  host_env
+  nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "${out}/gpu.txt"
+  python3 - <<'PY' | tee "${out}/stack.txt"
+from importlib.metadata import entry_points, version
+import torch, triton, vllm
+print("vllm", vllm.__version__, "torch", torch.__version__, "triton", triton.__version__,
+      "gpu", torch.cuda.get_device_name(), "capability", torch.cuda.get_device_capability())
+print("plugins", sorted(e.name for e in entry_points(group="vllm.general_plugins")),
+      "sparkserve", version("sparkserve"))
+PY
+  step "starts: ${cases}"
+  python3 -u "${REPO}/benchmarks/gpu/starts.py" --work "${ROOT}/work" --out "${out}" \
+    --cases "${cases}" --deadline-s "${DEADLINE_S:-$((585 - SECONDS))}"
+}
+
+case "${1:-}" in
+  stash) stash "${2:?h200.sh stash N}" ;;
+  tests) gpu_tests ;;
+  starts) starts "${2:?h200.sh starts CASES}" ;;
+  *) echo "h200.sh: ${1:-no command}: one of stash N, tests, starts CASES" >&2; exit 2 ;;
+esac

@@ -1,0 +1,270 @@
+"""Cold and warm starts of serve.sh on a CUDA host, with the Spark default's geometry.
+
+What a start fills and what it leaves for the KV pool, per case, on a GPU the project borrows
+(an H200, not a GB10; benchmarks/gpu/h200.sh installs vLLM's CUDA build there and calls this):
+
+- a model of the default recipe's geometry (recipes/qwen3.5-122b-a10b: vocab 248320, hidden
+  3072, 2 KV heads x 256, GatedDeltaNet 16/64 heads x 128, the real DFlash drafter) with fewer
+  layers (the drafter's target layers scaled to them), `--load-format dummy`, a word-level
+  tokenizer over the whole vocabulary: no download, no weights;
+- each case is one start of the launcher with the shipped defaults (GPU_MEM 0.82, prefix
+  caching, the int8 head, CUDA graphs, DFlash n=12) and a fresh HOME, as a new container has:
+  `cold` on a fresh model-cache volume (HF_HOME), `recreated` on the volume an earlier case
+  filled (a `compose down` and `up`), `bf16` with SPARK_KEEP_BF16_LMHEAD=1 (then
+  `bf16-recreated`), `nocal` with the
+  head's calibration off (SPARK_LMHEAD_CALIBRATE=off: the built-in table);
+- per case: seconds to healthy, vLLM's memory lines (available KV memory, KV tokens, the
+  profiler's parts), the head's report, one completion, the stop's exit code and seconds, and
+  what the start left in every cache on the volume and outside it (HOME, /tmp).
+
+Writes OUT/starts.json and OUT/<case>.log; prints a table. A case that would not finish
+before --deadline-s is skipped and says so.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+RECIPE = REPO / "recipes" / "qwen3.5-122b-a10b"
+KEY = "gpu-check-key"
+PORT = 8123
+# what serve.sh passes on the H200 host that the Spark image does not need: no flashinfer in
+# the bundle (FACTS "vLLM's CUDA build on an H200 host")
+HOST_ENV = {"VLLM_USE_FLASHINFER_SAMPLER": "0"}
+HOST_ARGS = '--additional-config \'{"gdn_prefill_backend": "triton"}\''
+# the caches sparkserve.vllm_command.start_caches puts on the volume, and the calibration
+VOLUME_CACHES = ("vllm", "triton", "inductor", "flashinfer", "nv-compute-cache", "sparkserve")
+MEMORY_LINES = (
+    "Available KV cache memory", "GPU KV cache size", "Model loading took", "memory profiling",
+    "Memory profiling", "non_torch", "activation peak", "CUDA graph", "Graph capturing",
+    "sparkserve int8 lm-head", "init engine", "torch.compile", "Compil", "calibrat",
+    "Maximum concurrency",
+)  # fmt: skip
+# case: (its volume, whether the case empties it first, its knobs)
+CASES: dict[str, tuple[str, bool, dict[str, str]]] = {
+    "cold": ("a", True, {}),
+    "recreated": ("a", False, {}),
+    "bf16": ("b", True, {"SPARK_KEEP_BF16_LMHEAD": "1"}),
+    "bf16-recreated": ("b", False, {"SPARK_KEEP_BF16_LMHEAD": "1"}),
+    "nocal": ("c", True, {"SPARK_LMHEAD_CALIBRATE": "off"}),
+}
+
+
+@dataclass
+class Start:
+    case: str
+    volume: str
+    healthy_s: float | None = None
+    kv_gib: float | None = None
+    kv_tokens: int | None = None
+    head: str = ""
+    completion: str = ""
+    stop_exit: int | None = None
+    stop_s: float | None = None
+    memory_lines: list[str] = field(default_factory=list)
+    volume_files: dict[str, list[int]] = field(default_factory=dict)  # [files, bytes]
+    new_files: dict[str, int] = field(default_factory=dict)
+    outside: list[str] = field(default_factory=list)
+    skipped: str = ""
+
+
+def write_models(root: Path, layers: int) -> tuple[Path, Path]:
+    """The recipe's config.json with `layers` layers, its drafter, one tokenizer."""
+    target, drafter = root / "target", root / "drafter"
+    target.mkdir(parents=True, exist_ok=True)
+    drafter.mkdir(parents=True, exist_ok=True)
+    config = json.loads((RECIPE / "config.json").read_text())
+    total = config["num_hidden_layers"]
+    config["num_hidden_layers"] = layers
+    config["layer_types"] = config["layer_types"][:layers]
+    (target / "config.json").write_text(json.dumps(config, indent=1))
+    draft = json.loads((RECIPE / "drafter" / "config.json").read_text())
+    ids = draft["dflash_config"]["target_layer_ids"]
+    scaled = sorted({min(layers - 1, round(i * layers / total)) for i in ids})
+    if len(scaled) != len(ids):
+        raise SystemExit(f"--layers {layers}: the drafter's {len(ids)} target layers need as many")
+    draft["dflash_config"]["target_layer_ids"] = scaled
+    (drafter / "config.json").write_text(json.dumps(draft, indent=1))
+    write_tokenizer(target, config["vocab_size"])
+    return target, drafter
+
+
+def write_tokenizer(directory: Path, vocab: int) -> None:
+    """A word-level tokenizer with one word per id (w<id>), Qwen's special tokens first."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    special = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<think>", "</think>",
+               "<tool_call>", "</tool_call>", "[UNK]"]  # fmt: skip
+    words = {w: i for i, w in enumerate(special)}
+    words |= {f"w{i}": i for i in range(len(special), vocab)}
+    tokenizer = Tokenizer(models.WordLevel(words, unk_token="[UNK]"))
+    tokenizer.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tokenizer.save(str(directory / "tokenizer.json"))
+    (directory / "tokenizer_config.json").write_text(json.dumps({
+        "tokenizer_class": "PreTrainedTokenizerFast", "eos_token": "<|im_end|>",
+        "pad_token": "<|endoftext|>", "unk_token": "[UNK]", "model_max_length": 262144,
+    }))  # fmt: skip
+
+
+def files_under(path: Path) -> dict[str, int]:
+    if not path.exists():
+        return {}
+    return {str(p): p.stat().st_size for p in path.rglob("*") if p.is_file() and not p.is_symlink()}
+
+
+def inventory(volume: Path) -> dict[str, dict[str, int]]:
+    return {name: files_under(volume / name) for name in VOLUME_CACHES}
+
+
+def request(path: str, body: dict | None = None, timeout: float = 5) -> tuple[int, str]:
+    data = json.dumps(body).encode() if body is not None else None
+    req = urllib.request.Request(
+        f"http://127.0.0.1:{PORT}{path}", data=data,
+        headers={"Authorization": f"Bearer {KEY}", "Content-Type": "application/json"},
+    )  # fmt: skip
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as response:
+            return response.status, response.read().decode()
+    except urllib.error.HTTPError as error:
+        return error.code, error.read().decode()
+    except OSError as error:
+        return 0, str(error)
+
+
+def launcher_env(case: str, models: tuple[Path, Path], volume: Path, home: Path) -> dict:
+    target, drafter = models
+    env = dict(os.environ, **HOST_ENV, **CASES[case][2])
+    env.update(
+        MODEL=str(target), DRAFT_MODEL=str(drafter), SERVED_MODEL_NAME="spark-geometry",
+        LOAD_FORMAT="dummy", HF_HOME=str(volume), HOME=str(home), PORT=str(PORT),
+        HOST="127.0.0.1", API_KEY=KEY, HF_OFFLINE="1", EXTRA_ARGS=HOST_ARGS,
+        TOOL_PARSER="", REASONING_PARSER="",
+    )  # fmt: skip
+    return env
+
+
+def parse_log(log: str, start: Start) -> None:
+    start.memory_lines = [
+        line[-240:] for line in log.splitlines() if any(w in line for w in MEMORY_LINES)
+    ][:60]
+    if found := re.findall(r"Available KV cache memory: ([\d.]+) GiB", log):
+        start.kv_gib = float(found[-1])
+    if found := re.findall(r"GPU KV cache size: ([\d,]+) tokens", log):
+        start.kv_tokens = int(found[-1].replace(",", ""))
+    heads = [line for line in log.splitlines() if "sparkserve int8 lm-head" in line]
+    start.head = heads[-1][-400:] if heads else "no report"
+
+
+def run_case(case: str, models: tuple[Path, Path], work: Path, out: Path, deadline: float,
+             budget_s: float) -> Start:  # fmt: skip
+    volume = work / f"volume-{CASES[case][0]}"
+    start = Start(case=case, volume=volume.name)
+    if time.monotonic() + budget_s > deadline:
+        start.skipped = f"not started: under {budget_s:.0f} s left before the deadline"
+        return start
+    if CASES[case][1]:
+        shutil.rmtree(volume, ignore_errors=True)
+    volume.mkdir(parents=True, exist_ok=True)
+    home = work / f"home-{case}"  # a new container's own layer
+    shutil.rmtree(home, ignore_errors=True)
+    home.mkdir(parents=True)
+    tmp_before = set(os.listdir("/tmp"))
+    before = inventory(volume)
+    log_path = out / f"{case}.log"
+    with log_path.open("w") as log:
+        process = subprocess.Popen(
+            [str(REPO / "serve.sh")], env=launcher_env(case, models, volume, home),
+            stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+        )  # fmt: skip
+        began = time.monotonic()
+        while process.poll() is None and time.monotonic() < deadline - 30:
+            if request("/health", timeout=2)[0] == 200:
+                start.healthy_s = round(time.monotonic() - began, 1)
+                break
+            print(f"  {case}: {time.monotonic() - began:4.0f} s, not healthy yet", flush=True)
+            time.sleep(5)
+        if start.healthy_s is not None:
+            status, body = request("/v1/completions", {
+                "model": "spark-geometry", "prompt": "w100 w200 w300", "max_tokens": 32,
+                "temperature": 0}, timeout=60)  # fmt: skip
+            start.completion = f"HTTP {status}: {body[:160]}"
+        stopping = time.monotonic()
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGTERM)
+        try:
+            start.stop_exit = process.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            start.stop_exit = process.wait()
+        start.stop_s = round(time.monotonic() - stopping, 1)
+    parse_log(log_path.read_text(errors="replace"), start)
+    after = inventory(volume)
+    for name, files in after.items():
+        start.volume_files[name] = [len(files), sum(files.values())]
+        start.new_files[name] = len(set(files) - set(before[name]))
+    start.outside = sorted(str(p.relative_to(home)) for p in home.rglob("*") if p.is_dir())[:40]
+    start.outside += [f"/tmp/{n}" for n in sorted(set(os.listdir("/tmp")) - tmp_before)]
+    return start
+
+
+def table(starts: list[Start]) -> str:
+    rows = ["| case | volume | healthy s | KV GiB | KV tokens | new files in caches | "
+            "left outside the volume | stop |", "| --- " * 8 + "|"]  # fmt: skip
+    for s in starts:
+        if s.skipped:
+            rows.append(f"| {s.case} | {s.volume} | {s.skipped} |||||||")
+            continue
+        new = ", ".join(f"{k} {v}" for k, v in s.new_files.items() if v) or "none"
+        rows.append(
+            f"| {s.case} | {s.volume} | {s.healthy_s} | {s.kv_gib} | {s.kv_tokens} | {new} | "
+            f"{', '.join(s.outside) or 'nothing'} | exit {s.stop_exit} in {s.stop_s} s |"
+        )
+    return "\n".join(rows)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--work", type=Path, required=True)
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument(
+        "--cases",
+        default="cold,recreated",
+        help=f"comma-separated, in order, from {', '.join(CASES)}",
+    )
+    parser.add_argument("--layers", type=int, default=8)
+    parser.add_argument("--deadline-s", type=float, default=560)
+    parser.add_argument(
+        "--case-budget-s", type=float, default=200, help="the least time a case needs to be started"
+    )
+    args = parser.parse_args(argv)
+    deadline = time.monotonic() + args.deadline_s
+    cases = args.cases.split(",")
+    if bad := [c for c in cases if c not in CASES]:
+        parser.error(f"--cases: {bad[0]!r} is not one of {', '.join(CASES)}")
+    args.out.mkdir(parents=True, exist_ok=True)
+    models = write_models(args.work / "models", args.layers)
+    starts = []
+    for case in cases:
+        print(f"case {case}", flush=True)
+        starts.append(run_case(case, models, args.work, args.out, deadline, args.case_budget_s))
+        (args.out / "starts.json").write_text(json.dumps([asdict(s) for s in starts], indent=1))
+    print(table(starts))
+    failed = [s.case for s in starts if not s.skipped and s.healthy_s is None]
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
