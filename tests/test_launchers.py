@@ -274,7 +274,6 @@ def test_launcher_runs_vllm_with_the_key_in_its_environment_only(
     for name, where in (
         ("VLLM_CACHE_ROOT", "vllm"),
         ("TRITON_CACHE_DIR", "triton"),
-        ("TORCHINDUCTOR_CACHE_DIR", "inductor"),
         ("FLASHINFER_WORKSPACE_BASE", "flashinfer"),
         ("CUDA_CACHE_PATH", "nv-compute-cache"),
     ):  # every cache a start fills, on the model-cache volume

@@ -280,9 +280,9 @@ KNOBS: tuple[Knob, ...] = (
          why="Hugging Face token for gated or private checkpoints; empty for public ones."),
     Knob("HF_HOME", "text", "/root/.cache/huggingface", group="network",
          pattern=r"/\S*",
-         why="Model cache inside the container, where compose mounts MODEL_CACHE; every "
-             "cache a start fills (vLLM's compile cache, Triton's, inductor's, FlashInfer's, "
-             "the CUDA driver's, the head's calibration) and the guard's record are kept "
+         why="Model cache inside the container, where compose mounts MODEL_CACHE; the "
+             "caches a start fills (vLLM's compile cache, Triton's, FlashInfer's, the CUDA "
+             "driver's, the head's calibration) and the guard's record are kept "
              "under it too."),
     Knob("HF_OFFLINE", "bool", "0", group="network",
          why="1 never contacts the Hugging Face Hub: the models must already be in the cache. "

@@ -103,21 +103,22 @@ def join_timeout_s(settings: Settings) -> int:
 
 
 def start_caches(hf_home: str) -> dict[str, str]:
-    """Where every cache a start fills goes: under HF_HOME, the model-cache volume, so that a
+    """Where the caches a start fills go: under HF_HOME, the model-cache volume, so that a
     recreated container (a new image, `compose down` and `up`) starts warm. Outside the volume
     a container's own layer holds them and loses them. vLLM keeps its torch.compile artefacts
     under VLLM_CACHE_ROOT and points inductor (and Triton, when the caller names no Triton
     cache) into its per-model folder only while it compiles (compilation/compiler_interface.py,
     initialize_inductor_cache, and compilation/decorators.py in 0.33); every kernel launched
     before or beside that (GatedDeltaNet's Triton kernels, the int8 head's) JIT-compiles into
-    Triton's default ~/.triton/cache, 3.6 MB after one start on an H200 (FACTS)."""
+    Triton's default ~/.triton/cache, 3.6 MB after one start on an H200 (FACTS). Not moved:
+    what torch keeps in tempfile's folder (/tmp/torchinductor_<user>) on purpose, whatever
+    TORCHINDUCTOR_CACHE_DIR says (torch/_inductor/codecache.py: the C++ precompiled headers;
+    cache.py: its on-disk caches); vLLM's compiled graphs are not among them."""
     return {
         "VLLM_CACHE_ROOT": f"{hf_home}/vllm",
         # Triton's JIT cache (triton/knobs.py: TRITON_CACHE_DIR), and with it the autotuning
         # results vLLM asks Triton to keep (env_override.py: TRITON_CACHE_AUTOTUNING=1)
         "TRITON_CACHE_DIR": f"{hf_home}/triton",
-        # inductor outside vLLM's compile (default /tmp/torchinductor_<user>)
-        "TORCHINDUCTOR_CACHE_DIR": f"{hf_home}/inductor",
         # FlashInfer's JIT-built kernels: <base>/.cache/flashinfer (default base: ~)
         "FLASHINFER_WORKSPACE_BASE": f"{hf_home}/flashinfer",
         # the CUDA driver's PTX-to-SASS cache (default ~/.nv/ComputeCache): kernels shipped as
