@@ -276,7 +276,7 @@ def test_launcher_runs_vllm_with_the_key_in_its_environment_only(
         ("TRITON_CACHE_DIR", "triton"),
         ("FLASHINFER_WORKSPACE_BASE", "flashinfer"),
         ("CUDA_CACHE_PATH", "nv-compute-cache"),
-    ):  # every cache a start fills, on the model-cache volume
+    ):  # the caches a start fills, on the model-cache volume
         assert f"{name}={hf / where}" in child_env
     assert "VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS=0" in child_env
     assert "HF_HUB_OFFLINE=1" in child_env, "vLLM itself never downloads"

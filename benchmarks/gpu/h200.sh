@@ -31,6 +31,16 @@ stash() {
   step "part ${part} stashed: $(cd "${ROOT}/parts" && echo p.*)"
 }
 
+# every wheel in $1 unpacked into the one folder on PYTHONPATH (no pip, no index on the host)
+extract_wheels() {
+  python3 - "$1" "${ROOT}/site" <<'PY'
+import sys, zipfile
+from pathlib import Path
+for wheel in sorted(Path(sys.argv[1]).glob("*.whl")):
+    zipfile.ZipFile(wheel).extractall(sys.argv[2])
+PY
+}
+
 install() {
   if [[ -f "${ROOT}/installed" ]]; then
     step "installed already on this machine"
@@ -39,12 +49,7 @@ install() {
   local began="${SECONDS}"
   mkdir -p "${ROOT}/bundle" "${ROOT}/site" "${ROOT}/bin"
   cat "${ROOT}"/parts/p.* | tar -C "${ROOT}/bundle" -x
-  python3 - "${ROOT}/bundle/wheels" "${ROOT}/site" <<'PY'
-import sys, zipfile
-from pathlib import Path
-for wheel in sorted(Path(sys.argv[1]).glob("*.whl")):
-    zipfile.ZipFile(wheel).extractall(sys.argv[2])
-PY
+  extract_wheels "${ROOT}/bundle/wheels"
   # this checkout (not the bundle's copy), so that its entry points make it vLLM's plugin
   python3 -m pip install -q --no-deps --no-build-isolation --target "${ROOT}/site" "${REPO}"
   # vLLM spawns its engine: the entry script needs the __main__ guard
@@ -74,12 +79,7 @@ gpu_tests() {
   install
   # pytest's wheels travel beside a part (carry .gl/pytest: pip download pytest pluggy iniconfig)
   [[ -d "${REPO}/.gl/pytest" ]] || { echo "h200.sh: tests: .gl/pytest did not travel" >&2; exit 2; }
-  python3 - "${REPO}/.gl/pytest" "${ROOT}/site" <<'PY'
-import sys, zipfile
-from pathlib import Path
-for wheel in sorted(Path(sys.argv[1]).glob("*.whl")):
-    zipfile.ZipFile(wheel).extractall(sys.argv[2])
-PY
+  extract_wheels "${REPO}/.gl/pytest"
   host_env
   step "the lm-head's tests on this GPU"
   (cd "${REPO}" && PYTHONPATH="${REPO}/src:${REPO}/tests:${PYTHONPATH}" \

@@ -11,8 +11,8 @@ What a start fills and what it leaves for the KV pool, per case, on a GPU the pr
   caching, the int8 head, CUDA graphs, DFlash n=12) and a fresh HOME, as a new container has:
   `cold` on a fresh model-cache volume (HF_HOME), `recreated` on the volume an earlier case
   filled (a `compose down` and `up`), `bf16` with SPARK_KEEP_BF16_LMHEAD=1 (then
-  `bf16-recreated`), `nocal` with the
-  head's calibration off (SPARK_LMHEAD_CALIBRATE=off: the built-in table);
+  `bf16-recreated`), `nocal` with the head's calibration off (SPARK_LMHEAD_CALIBRATE=off:
+  the built-in table);
 - per case: seconds to healthy, vLLM's memory lines (available KV memory, KV tokens, the
   profiler's parts), the head's report, one completion, the stop's exit code and seconds, and
   what the start left in every cache on the volume and outside it (HOME, /tmp).
@@ -37,6 +37,8 @@ import urllib.request
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from sparkserve.vllm_command import start_caches
+
 REPO = Path(__file__).resolve().parents[2]
 RECIPE = REPO / "recipes" / "qwen3.5-122b-a10b"
 KEY = "gpu-check-key"
@@ -45,8 +47,8 @@ PORT = 8123
 # the bundle (FACTS "vLLM's CUDA build on an H200 host")
 HOST_ENV = {"VLLM_USE_FLASHINFER_SAMPLER": "0"}
 HOST_ARGS = '--additional-config \'{"gdn_prefill_backend": "triton"}\''
-# the caches sparkserve.vllm_command.start_caches puts on the volume, and the calibration
-VOLUME_CACHES = ("vllm", "triton", "inductor", "flashinfer", "nv-compute-cache", "sparkserve")
+# the caches sparkserve.vllm_command.start_caches puts on the volume, and the calibration's
+VOLUME_CACHES = (*(Path(path).name for path in start_caches("").values()), "sparkserve")
 MEMORY_LINES = (
     "Available KV cache memory", "GPU KV cache size", "Model loading took", "memory profiling",
     "Memory profiling", "non_torch", "activation peak", "CUDA graph", "Graph capturing",

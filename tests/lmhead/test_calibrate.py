@@ -428,14 +428,20 @@ cuda_only = pytest.mark.skipif(
 )
 
 
+def _gpu_head(k: int = 1024) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, dict]:
+    """A 32768 x k bf16 head on the GPU, its int8 rows and scales, and its packed layouts."""
+    dev = torch.device("cuda")
+    w = (torch.randn(32768, k, device=dev) * 0.02).to(torch.bfloat16)
+    q, s = int8_kernel.quantize_rows_int8(w)
+    preferred = int8_kernel.preferred_layout(dev)
+    return w, q, s, {preferred: layout.pack(q, preferred), layout.ROWS: q}
+
+
 @cuda_only
 def test_calibration_on_the_gpu_is_never_slower_than_bf16_and_graph_safe() -> None:
     dev = torch.device("cuda")
-    n, k = 32768, 1024
-    w = (torch.randn(n, k, device=dev) * 0.02).to(torch.bfloat16)
-    q, s = int8_kernel.quantize_rows_int8(w)
-    preferred = int8_kernel.preferred_layout(dev)
-    weights = {preferred: layout.pack(q, preferred), layout.ROWS: q}
+    k = 1024
+    w, q, s, weights = _gpu_head(k)
     choice = calibrate.calibrate(weights, s, _bf16(w), max_rows=39)
     assert choice.source == "measured" and len(choice.groups) == 3
     for g in choice.groups:
@@ -463,11 +469,7 @@ def test_calibration_holds_no_gpu_memory_once_it_returns() -> None:
     """What the calibration allocates is gone before vLLM profiles the model's memory: anything
     left allocated comes out of the first start's KV pool (0.12 GiB on an H200 once)."""
     dev = torch.device("cuda")
-    n, k = 32768, 1024
-    w = (torch.randn(n, k, device=dev) * 0.02).to(torch.bfloat16)
-    q, s = int8_kernel.quantize_rows_int8(w)
-    preferred = int8_kernel.preferred_layout(dev)
-    weights = {preferred: layout.pack(q, preferred), layout.ROWS: q}
+    w, _, s, weights = _gpu_head()
     torch.cuda.synchronize()
     before = torch.cuda.memory_allocated(dev)
     choice = calibrate.calibrate(weights, s, _bf16(w), max_rows=39)
