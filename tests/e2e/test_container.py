@@ -784,16 +784,32 @@ def tokens_per_s(port: int) -> float:
 SHUTDOWN_LINE = "API server: shutdown triggered"  # vLLM's API server took a SIGTERM
 SHORT_TRIES = 3  # short streams the engine may finish before its hold (test 8b)
 SETTLED_S = 1.5  # no new chunk for this long: the client has read all the held engine made
+# the most the held short stream has left: a quarter second of decoding alone (CI saw the drain
+# decode 8 times slower than that), at least NEAR_END tokens. Bursts are timed, and a burst's
+# start varies by 0-0.1 s: a tighter aim would finish the stream.
+NEAR_END, NEAR_END_S = 24, 0.25
+
+
+def settle(stream: SseStream) -> None:
+    """With the engine held: wait until the client has read everything the engine made."""
+    read = -1
+    while stream.is_alive() and stream.result.tokens != read:
+        read = stream.result.tokens
+        time.sleep(SETTLED_S)
 
 
 def hold_a_short_stream(
-    port: int, engine: int, tokens: int, deadline: float
+    port: int, engine: int, tokens: int, rate: float, deadline: float
 ) -> tuple[SseStream, int]:
-    """A stream with the engine held (SIGSTOP) at its first chunk and unfinished there. The
-    engine can run seconds ahead of what the client has read on a busy machine (seen: all of a
-    306-token stream made before its first chunk was read), so after the hold the client reads
-    what was made; a stream that ends meanwhile was not held in flight: the engine goes on and
-    one 4 times longer is tried. Returns the stream (the engine held) and the tries it took."""
+    """A stream with the engine held (SIGSTOP) and a few of its tokens still to make (at most
+    NEAR_END_S of decoding alone), so that it ends inside the drain at any speed (CI saw
+    decoding 8 times slower during the drain than when the stream lengths were chosen). The
+    engine is let go in timed bursts, each aimed at half the way left at the speed the last
+    burst showed; the client reads what a burst made before the next (the engine can run
+    seconds ahead of it on a busy machine). A stream that ends meanwhile was not held in
+    flight: the engine goes on and one 4 times longer is tried. Returns the stream (the engine
+    held) and the tries it took."""
+    near_end = max(NEAR_END, int(rate * NEAR_END_S))
     for attempt in range(1, SHORT_TRIES + 1):
         short = SseStream(port, API_KEY, "tiny", tokens)
         short.start()
@@ -802,10 +818,17 @@ def hold_a_short_stream(
             time.sleep(0.01)
         os.kill(engine, signal.SIGSTOP)
         try:
-            read = -1
-            while short.is_alive() and short.result.chunks != read:
-                read = short.result.chunks
-                time.sleep(SETTLED_S)
+            settle(short)
+            while short.is_alive() and tokens - short.result.tokens > near_end:
+                assert time.monotonic() < deadline, (short.result, rate)
+                made = short.result.tokens
+                burst_s = (tokens - made - near_end / 2) / rate / 2
+                os.kill(engine, signal.SIGCONT)
+                time.sleep(burst_s)
+                os.kill(engine, signal.SIGSTOP)
+                settle(short)
+                if short.result.tokens > made:  # a burst can end before the engine got going
+                    rate = (short.result.tokens - made) / burst_s
         except BaseException:
             os.kill(engine, signal.SIGCONT)
             raise
@@ -831,19 +854,20 @@ def test_8b_drain_a_stop_finishes_short_streams_refuses_new_ones_and_ends_long_o
     serving(project)
     port = port_of(project)
     rate = tokens_per_s(port)
-    # long: far past the drain; short: 2 s of decoding alone (measured up to 3.3 times that
-    # beside the long one on a busy machine), started second and held at its first chunk
+    # long: far past the drain; short: 2 s of decoding alone, started second and held near its
+    # end
     long = SseStream(port, API_KEY, "tiny", min(32000, max(int(rate * 90), 4000)))
     engine = vllm_pid(project, engine=True)
     # the server's log holds its earlier stops (test 8's daemon restart): count the new lines
     earlier = project.logs(SERVICE)
     drain_line = re.compile(r"draining in-flight requests count=(\d+)")
-    deadline = time.monotonic() + 60
+    deadline = time.monotonic() + 120
     long.start()
     while long.result.first_chunk_at is None:
         assert time.monotonic() < deadline and long.is_alive(), long.result
         time.sleep(0.01)
-    short, short_tries = hold_a_short_stream(port, engine, max(16, int(rate * 2)), deadline)
+    short, short_tries = hold_a_short_stream(port, engine, max(64, int(rate * 2)), rate, deadline)
+    short_left_at_stop = short.max_tokens - short.result.tokens
     try:
         stopped_at, stopped_epoch = time.monotonic(), time.time()
         stop = threading.Thread(target=project.compose, args=("stop", SERVICE),
@@ -868,7 +892,7 @@ def test_8b_drain_a_stop_finishes_short_streams_refuses_new_ones_and_ends_long_o
     DRAIN_TIMINGS.update(
         tokens_per_s=round(rate), short_tokens=short.max_tokens, short_tries=short_tries,
         long_tokens=long.max_tokens,
-        short_chunks_at_sigterm=short_chunks_at_sigterm,
+        short_chunks_at_sigterm=short_chunks_at_sigterm, short_left_at_stop=short_left_at_stop,
         docker_signal_after_stop_s=round((signal_epoch or 0) - stopped_epoch, 2),
         sigterm_seen_after_stop_s=round(sigterm_at - stopped_at, 2),
         refused_after_sigterm_s=round(refused_s, 2), compose_stop_s=round(stop_s, 2),

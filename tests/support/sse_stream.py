@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 class StreamResult:
     status: int = 0
     chunks: int = 0
+    tokens: int = 0  # completion tokens the server has sent so far (its continuous usage)
     finish_reasons: list[str] = field(default_factory=list)
     errors: list[dict] = field(default_factory=list)
     done: bool = False  # `data: [DONE]` arrived
@@ -37,8 +38,10 @@ class Stream(threading.Thread):
 
     def run(self) -> None:
         result = self.result
+        usage = {"include_usage": True, "continuous_usage_stats": True}  # tokens on every chunk
         body = {"model": self.model, "prompt": "hello", "max_tokens": self.max_tokens,
-                "stream": True, "ignore_eos": True, "temperature": 0}  # fmt: skip
+                "stream": True, "ignore_eos": True, "temperature": 0,
+                "stream_options": usage}  # fmt: skip
         try:
             connection = http.client.HTTPConnection("127.0.0.1", self.port, timeout=300)
             headers = {"Content-Type": "application/json", "Authorization": f"Bearer {self.key}"}
@@ -60,6 +63,8 @@ class Stream(threading.Thread):
         if "error" in event:
             self.result.errors.append(event["error"])
             return
+        if event.get("usage"):
+            self.result.tokens = event["usage"]["completion_tokens"]
         for choice in event.get("choices", []):
             if self.result.first_chunk_at is None:
                 self.result.first_chunk_at = time.monotonic()
