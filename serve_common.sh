@@ -6,8 +6,14 @@
 # src/sparkserve/knobs.py. Nothing here starts vLLM until every knob has passed it.
 
 # refuse_arguments ARGS...: settings come from the environment only, so that compose, docs
-# and validation see every one of them; a stray argument is a mistake, not an option.
+# and validation see every one of them; a stray argument is a mistake, not an option. The one
+# word taken is `selftest` (the image's entrypoint is this launcher, so `docker compose run
+# --rm --no-deps sparkserve selftest [OPTIONS]` arrives here): it runs `sparkserve selftest`.
 refuse_arguments() {
+  if [[ "${1:-}" == selftest ]]; then
+    shift
+    exec python3 -m sparkserve selftest "$@"
+  fi
   if (( $# > 0 )); then
     printf '%s: takes no arguments (got %q); set knobs in the environment, e.g. EXTRA_ARGS\n' \
       "${PROG}" "$1" >&2

@@ -10,6 +10,10 @@
 #   h200.sh starts CASES     on the host, the call after the last part: assemble and install
 #                            (once per machine), check what loads, then
 #                            benchmarks/gpu/starts.py --cases CASES; everything under $OUT
+#   h200.sh selftest CASES   the same, then `sparkserve selftest` of the default recipe's
+#                            geometry (8 layers) for CASES (plain,dflash,mtp,bf16), its table,
+#                            JSON and server logs under $OUT/selftest; HF_HOME under /tmp stays
+#                            for the next call (the caches a later case reuses)
 #
 # Every step prints its seconds; the host's own torch, triton and CUDA stay as they are.
 set -euo pipefail
@@ -104,9 +108,24 @@ PY
     --cases "${cases}" --deadline-s "${DEADLINE_S:-$((585 - SECONDS))}"
 }
 
+selftest() {
+  local cases="$1" out="${OUT:?h200.sh: OUT names the folder whose files come back}"
+  install
+  host_env
+  step "selftest: ${cases}"
+  # what this host needs that the Spark image does not: no flashinfer in the bundle (FACTS
+  # "vLLM's CUDA build on an H200 host")
+  HF_HOME="${ROOT}/hf" VLLM_USE_FLASHINFER_SAMPLER=0 \
+    EXTRA_ARGS="--additional-config '{\"gdn_prefill_backend\": \"triton\"}'" \
+    python3 -u -m sparkserve selftest --cases "${cases}" --out "${out}/selftest" \
+    --start-timeout-s "${START_TIMEOUT_S:-540}"
+}
+
 case "${1:-}" in
   stash) stash "${2:?h200.sh stash N}" ;;
   tests) gpu_tests ;;
   starts) starts "${2:?h200.sh starts CASES}" ;;
-  *) echo "h200.sh: ${1:-no command}: one of stash N, tests, starts CASES" >&2; exit 2 ;;
+  selftest) selftest "${2:?h200.sh selftest CASES}" ;;
+  *) echo "h200.sh: ${1:-no command}: one of stash N, tests, starts CASES, selftest CASES" >&2
+     exit 2 ;;
 esac

@@ -5,8 +5,8 @@ What a start fills and what it leaves for the KV pool, per case, on a GPU the pr
 
 - a model of the default recipe's geometry (recipes/qwen3.5-122b-a10b: vocab 248320, hidden
   3072, 2 KV heads x 256, GatedDeltaNet 16/64 heads x 128, the real DFlash drafter) with fewer
-  layers (the drafter's target layers scaled to them), `--load-format dummy`, a word-level
-  tokenizer over the whole vocabulary: no download, no weights;
+  layers, `--load-format dummy`, written as `sparkserve selftest` writes it
+  (sparkserve.selftest.models): no download, no weights;
 - each case is one start of the launcher with the shipped defaults (GPU_MEM 0.82, prefix
   caching, the int8 head, CUDA graphs, DFlash n=12) and a fresh HOME, as a new container has:
   `cold` on a fresh model-cache volume (HF_HOME), `recreated` on the volume an earlier case
@@ -37,6 +37,7 @@ import urllib.request
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from sparkserve.selftest.models import write_models
 from sparkserve.vllm_command import start_caches
 
 REPO = Path(__file__).resolve().parents[2]
@@ -81,44 +82,6 @@ class Start:
     new_files: dict[str, int] = field(default_factory=dict)
     outside: list[str] = field(default_factory=list)
     skipped: str = ""
-
-
-def write_models(root: Path, layers: int) -> tuple[Path, Path]:
-    """The recipe's config.json with `layers` layers, its drafter, one tokenizer."""
-    target, drafter = root / "target", root / "drafter"
-    target.mkdir(parents=True, exist_ok=True)
-    drafter.mkdir(parents=True, exist_ok=True)
-    config = json.loads((RECIPE / "config.json").read_text())
-    total = config["num_hidden_layers"]
-    config["num_hidden_layers"] = layers
-    config["layer_types"] = config["layer_types"][:layers]
-    (target / "config.json").write_text(json.dumps(config, indent=1))
-    draft = json.loads((RECIPE / "drafter" / "config.json").read_text())
-    ids = draft["dflash_config"]["target_layer_ids"]
-    scaled = sorted({min(layers - 1, round(i * layers / total)) for i in ids})
-    if len(scaled) != len(ids):
-        raise SystemExit(f"--layers {layers}: the drafter's {len(ids)} target layers need as many")
-    draft["dflash_config"]["target_layer_ids"] = scaled
-    (drafter / "config.json").write_text(json.dumps(draft, indent=1))
-    write_tokenizer(target, config["vocab_size"])
-    return target, drafter
-
-
-def write_tokenizer(directory: Path, vocab: int) -> None:
-    """A word-level tokenizer with one word per id (w<id>), Qwen's special tokens first."""
-    from tokenizers import Tokenizer, models, pre_tokenizers
-
-    special = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<think>", "</think>",
-               "<tool_call>", "</tool_call>", "[UNK]"]  # fmt: skip
-    words = {w: i for i, w in enumerate(special)}
-    words |= {f"w{i}": i for i in range(len(special), vocab)}
-    tokenizer = Tokenizer(models.WordLevel(words, unk_token="[UNK]"))
-    tokenizer.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    tokenizer.save(str(directory / "tokenizer.json"))
-    (directory / "tokenizer_config.json").write_text(json.dumps({
-        "tokenizer_class": "PreTrainedTokenizerFast", "eos_token": "<|im_end|>",
-        "pad_token": "<|endoftext|>", "unk_token": "[UNK]", "model_max_length": 262144,
-    }))  # fmt: skip
 
 
 def files_under(path: Path) -> dict[str, int]:
@@ -200,7 +163,7 @@ def run_case(case: str, models: tuple[Path, Path], work: Path, out: Path, deadli
             time.sleep(5)
         if start.healthy_s is not None:
             status, body = request("/v1/completions", {
-                "model": "spark-geometry", "prompt": "w100 w200 w300", "max_tokens": 32,
+                "model": "spark-geometry", "prompt": "The cache keeps", "max_tokens": 32,
                 "temperature": 0}, timeout=60)  # fmt: skip
             start.completion = f"HTTP {status}: {body[:160]}"
         stopping = time.monotonic()
@@ -257,7 +220,9 @@ def main(argv: list[str] | None = None) -> int:
     if bad := [c for c in cases if c not in CASES]:
         parser.error(f"--cases: {bad[0]!r} is not one of {', '.join(CASES)}")
     args.out.mkdir(parents=True, exist_ok=True)
-    models = write_models(args.work / "models", args.layers)
+    written = write_models(args.work / "models", RECIPE.name, args.layers)
+    assert written.drafter is not None  # the default recipe serves with DFlash
+    models = (written.target, written.drafter)
     starts = []
     for case in cases:
         print(f"case {case}", flush=True)

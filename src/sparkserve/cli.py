@@ -34,6 +34,7 @@ COMMAND_MODULES: dict[str, str] = {
     "dashboard": "sparkserve.dashboard",
     "cluster": "sparkserve.cluster.cli",
     "tune": "sparkserve.tune.cli",
+    "selftest": "sparkserve.selftest.run",
 }
 
 

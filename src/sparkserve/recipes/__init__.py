@@ -31,6 +31,15 @@ from sparkserve.memory.host import GIB
 CHECKOUT_DIR = Path(__file__).resolve().parents[3] / "recipes"
 IMAGE_DIR = Path("/opt/sparkserve/recipes")  # the Dockerfile copies recipes/ here
 LAUNCHER_SCRIPTS: dict[str, str] = {"dflash": "serve.sh", "mtp": "mtp_serve.sh"}
+IMAGE_LAUNCHERS = Path("/opt/sparkserve")  # where the images keep serve.sh and mtp_serve.sh
+
+
+def launcher_dir() -> Path:
+    """The checkout's launchers when run from one, the image's otherwise."""
+    checkout = CHECKOUT_DIR.parent
+    return checkout if (checkout / "serve.sh").is_file() else IMAGE_LAUNCHERS
+
+
 # Knobs a recipe may set: what the model needs. Access, network, guard and launcher behaviour
 # stay the user's.
 RECIPE_KNOBS: frozenset[str] = frozenset(

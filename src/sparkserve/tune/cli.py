@@ -26,7 +26,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from sparkserve import __version__
+from sparkserve import __version__, recipes
 from sparkserve import command_line as cl
 from sparkserve.bench.prompts import KINDS
 from sparkserve.client.server import Server, ServerInfo
@@ -47,7 +47,6 @@ from sparkserve.tune.restarts import Interrupted, Restarts, estimate_line, inter
 
 PROG = "sparkserve tune"
 REPO = Path(__file__).resolve().parents[3]
-IMAGE_LAUNCHERS = Path("/opt/sparkserve")  # where the images keep serve.sh and mtp_serve.sh
 SERVICES: dict[str, Launcher] = {"sparkserve": "dflash", "sparkserve-mtp": "mtp",
                                  "sparkserve-cpu": "dflash"}  # fmt: skip
 
@@ -203,17 +202,12 @@ def _driver(args: argparse.Namespace, env: Mapping[str, str], url: str, out: Pat
             args.pid_file,
             url,
             args.server_log or out / "server.log",
-            _launcher_dir(),
+            recipes.launcher_dir(),
         )
     else:
         driver = ComposeDriver(args.service, url, args.project_dir, args.env_file)
     driver.check()  # type: ignore[attr-defined]
     return driver
-
-
-def _launcher_dir() -> Path:
-    """The checkout's launchers when run from one, the image's otherwise."""
-    return REPO if (REPO / "serve.sh").is_file() else IMAGE_LAUNCHERS
 
 
 def _launcher(args: argparse.Namespace) -> Launcher:

@@ -1,0 +1,209 @@
+"""`sparkserve selftest`: the image proved on this machine, before any download.
+
+For the configured recipe (RECIPE, or `--recipe`; `--geometry tiny` for a CPU), models of its
+real geometry with no weights (sparkserve.selftest.models) are served by the project's own
+launchers, case by case (sparkserve.selftest.cases), with the shipped defaults; each server
+gets the same checks (sparkserve.selftest.checks), then the cases are compared: speculation
+against no speculation, the int8 head against the bf16 head, greedy token by token.
+
+Progress goes to stderr while it runs; the end is a table on stdout and `selftest.json` (and
+each server's log) in `--out`. Exit 0 when no check failed, 1 naming the failed checks, 2 on
+bad input before anything starts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import secrets
+import shutil
+import sys
+import tempfile
+import time
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+from sparkserve import recipes
+from sparkserve.knobs import BY_NAME
+from sparkserve.selftest import cases, checks
+from sparkserve.selftest.models import TINY, GeometryError, Models, write_models
+
+DEFAULT_LAYERS = 8  # of a recipe's geometry: the drafter reads 8 target layers
+START_TIMEOUT_S = 1800  # a cold start on a Spark compiles for minutes
+
+
+def say(line: str) -> None:
+    print(f"selftest: {line}", file=sys.stderr, flush=True)
+
+
+def serve_case(
+    case: cases.Case, geometry: str, models: Models, out: Path, start_timeout_s: float
+) -> list[checks.Result]:
+    """One start of the case's launcher, its checks, its stop."""
+    report_dir = out / f"{case.name}-head"
+    shutil.rmtree(report_dir, ignore_errors=True)
+    key = secrets.token_hex(12)
+    base = dict(os.environ, **({} if geometry == TINY else {"RECIPE": geometry}))
+    env = cases.case_env(case, models, base, cases.free_port(), key, report_dir)
+    running = cases.start(case, env, out / f"{case.name}.log")
+
+    def progress(line: str) -> None:
+        say(f"{case.name}: {line}")
+
+    progress(f"{case.script} ({case.why})")
+    try:
+        healthy = cases.wait_healthy(running, start_timeout_s, progress)
+        progress(f"healthy: {'ok' if healthy.ok else 'FAILED'} {healthy.detail}")
+        if not healthy.ok:
+            return [healthy]
+        probe = checks.Probe(
+            server=running.server, key=key, model=cases.SERVED_NAME,
+            speculative=case.speculative, head_report_dir=report_dir,
+            int8_head=case.int8_head, cuda=has_cuda(),
+            kept_back=1 if case.launcher == "mtp" else 0,
+        )  # fmt: skip
+        max_len = int(env.get("MAX_MODEL_LEN") or BY_NAME["MAX_MODEL_LEN"].default)
+        steps = [
+            ("key", lambda: checks.check_key(probe)),
+            ("completion", lambda: checks.check_completion(probe)),
+            ("chat", lambda: checks.check_chat(probe)),
+            ("stream", lambda: checks.check_stream(probe)),
+            ("tool call", lambda: checks.check_tool_call(probe)),
+            ("reasoning", lambda: checks.check_reasoning(probe)),
+            ("prefix hits", lambda: checks.check_prefix_hits(probe, max_len)),
+            ("greedy", lambda: checks.greedy_tokens(probe)),
+            ("speculation", lambda: checks.check_speculation(probe)),
+            ("lm head", lambda: checks.check_head(probe)),
+        ]
+        if not env.get("REASONING_PARSER", BY_NAME["REASONING_PARSER"].default):
+            steps = [step for step in steps if step[0] != "reasoning"]
+        results = [healthy, *checks.run_checks(probe, steps, progress)]
+        drain = int(env.get("SHUTDOWN_TIMEOUT_S") or BY_NAME["SHUTDOWN_TIMEOUT_S"].default)
+        stopped = cases.stop_with_a_stream_open(running, drain, max_len)
+        progress(f"{stopped.name}: {mark(stopped.ok)} {stopped.detail}")
+        return [*results, stopped]
+    finally:
+        cases.kill(running)
+
+
+def has_cuda() -> bool:
+    try:
+        import torch
+    except ImportError:
+        return False
+    return bool(torch.cuda.is_available())
+
+
+def mark(ok: bool | None) -> str:
+    return {True: "ok", False: "FAILED", None: "seen"}[ok]
+
+
+def compare(results: dict[str, list[checks.Result]]) -> dict[str, checks.Result]:
+    """Greedy parity across the cases that ran: speculation against `plain`, `plain`'s int8
+    head against `bf16`'s."""
+    greedy = {
+        name: next((r.data["runs"] for r in rs if r.name == "greedy" and r.ok), None)
+        for name, rs in results.items()
+    }
+    pairs = [("dflash", "plain"), ("mtp", "plain"), ("plain", "bf16")]
+    out = {}
+    for case, reference in pairs:
+        if greedy.get(case) and greedy.get(reference):
+            name = f"greedy vs {reference}"
+            out[case] = checks.compare_greedy(name, greedy[case], greedy[reference])
+    return out
+
+
+def table(results: dict[str, list[checks.Result]]) -> str:
+    rows = ["| case | check | result | detail |", "| --- | --- | --- | --- |"]
+    for case, case_results in results.items():
+        for result in case_results:
+            rows.append(f"| {case} | {result.name} | {mark(result.ok)} | {result.detail} |")
+    return "\n".join(rows)
+
+
+def add_command(subparsers: Any) -> None:
+    parser = subparsers.add_parser(
+        "selftest",
+        help="serve models of the recipe's geometry (no weights) through the launchers and "
+        "check every path",
+        description=(__doc__ or "").split("\n\n")[1],
+    )
+    parser.add_argument("--recipe", help=f"a recipe's geometry (default: RECIPE), or {TINY!r}")
+    parser.add_argument(
+        "--cases", default=",".join(cases.CASES),
+        help=f"comma-separated, in order, from {', '.join(cases.CASES)} (default: all)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--layers", type=int,
+        help=f"target layers kept (default: {DEFAULT_LAYERS} of a recipe's, all of {TINY!r})",
+    )  # fmt: skip
+    parser.add_argument("--out", type=Path, help="where the table, JSON and logs go "
+                        "(default: HF_HOME/sparkserve/selftest/<time>)")  # fmt: skip
+    parser.add_argument("--start-timeout-s", type=float, default=START_TIMEOUT_S)
+    parser.set_defaults(run=run)
+
+
+def chosen_geometry(args: argparse.Namespace) -> str:
+    name = args.recipe or os.environ.get("RECIPE") or BY_NAME["RECIPE"].default
+    if name != TINY:
+        recipes.load(name)  # RecipeError names the value and the recipes there are
+    return name
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        names = [n.strip() for n in args.cases.split(",") if n.strip()]
+        if not names or (bad := [n for n in names if n not in cases.CASES]):
+            bad = bad if names else [args.cases]
+            raise GeometryError(f"--cases: {bad[0]!r} is not one of {', '.join(cases.CASES)}")
+        geometry = chosen_geometry(args)
+        layers = args.layers or (None if geometry == TINY else DEFAULT_LAYERS)
+        work = Path(tempfile.mkdtemp(prefix="sparkserve-selftest-"))
+        try:
+            models = write_models(work, geometry, layers)
+        except BaseException:
+            shutil.rmtree(work, ignore_errors=True)
+            raise
+    except (GeometryError, recipes.RecipeError) as error:
+        print(f"sparkserve selftest: {error}", file=sys.stderr)
+        return 2
+    if models.drafter is None:
+        names = [n for n in names if n != "dflash"]
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    hf_home = Path(os.environ.get("HF_HOME") or Path.home() / ".cache" / "huggingface")
+    out = args.out or hf_home / "sparkserve" / "selftest" / stamp
+    out.mkdir(parents=True, exist_ok=True)
+    say(f"{geometry}: {models.layers} of {models.full_layers} layers, vocab {models.vocab}, "
+        f"no weights; cases {', '.join(names)}; out {out}")  # fmt: skip
+    results: dict[str, list[checks.Result]] = {}
+    try:
+        for name in names:
+            results[name] = serve_case(
+                cases.CASES[name], geometry, models, out, args.start_timeout_s
+            )
+            write_json(out, geometry, models, results)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    for case, result in compare(results).items():
+        results[case].append(result)
+        say(f"{case}: {result.name}: {mark(result.ok)} {result.detail}")
+    write_json(out, geometry, models, results)
+    print(table(results))
+    failed = [f"{case}: {r.name}" for case, rs in results.items() for r in rs if r.ok is False]
+    if failed:
+        print(f"sparkserve selftest: FAILED: {'; '.join(failed)} (logs in {out})", file=sys.stderr)
+        return 1
+    print(f"sparkserve selftest: passed ({len(results)} cases; {out}/selftest.json)")
+    return 0
+
+
+def write_json(out: Path, geometry: str, models: Models, results: dict) -> None:
+    document = {
+        "geometry": geometry, "layers": models.layers, "full_layers": models.full_layers,
+        "vocab": models.vocab, "cuda": has_cuda(),
+        "cases": {case: [asdict(r) for r in rs] for case, rs in results.items()},
+    }  # fmt: skip
+    (out / "selftest.json").write_text(json.dumps(document, indent=1, default=str))
