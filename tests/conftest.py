@@ -66,7 +66,11 @@ SERVER_FIXTURES = {"shared_server", "second_server", "second_server_once"}
 CONTAINER_TESTS = "tests/e2e/test_container.py"
 # The modules on the suite's Docker Engine share the container test's process: its reboot
 # check restarts that daemon, which must not happen under another module's containers.
-DOCKER_MODULES = (CONTAINER_TESTS, "tests/e2e/test_container_pair.py")
+DOCKER_MODULES = (
+    CONTAINER_TESTS,
+    "tests/e2e/test_container_pair.py",
+    "tests/e2e/test_selftest_container.py",
+)
 
 
 def group_of(nodeid: str) -> str:
@@ -113,6 +117,13 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             raise pytest.UsageError(
                 f"{item.nodeid} uses the session's servers or a memory hog: add it to "
                 "ONE_PROCESS in tests/conftest.py"
+            )
+    for path in {Path(str(item.fspath)) for item in items}:
+        rel = f"tests/{path.relative_to(HERE)}"
+        if "support.compose_project" in path.read_text() and not rel.startswith(DOCKER_MODULES):
+            raise pytest.UsageError(
+                f"{rel} runs containers on the suite's Docker Engine: add it to DOCKER_MODULES "
+                "in tests/conftest.py"
             )
     parallel = bool(os.environ.get("PYTEST_XDIST_WORKER"))
     order = (
