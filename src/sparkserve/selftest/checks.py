@@ -11,12 +11,14 @@ from __future__ import annotations
 import http.client
 import json
 import random
+import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from sparkserve import access
 from sparkserve.client import metrics
 from sparkserve.client.server import Server, ServerError
 
@@ -26,6 +28,7 @@ PARITY_TOKENS = 24
 # runner-up by more than this (natural log). On random weights margins are tiny.
 CLEAR_MARGIN = 1.0
 PREFIX_BLOCKS = (1, 2, 4)
+HTTP_METHODS = ("GET", "POST", "PUT", "PATCH", "DELETE")
 NO_THINKING = {"chat_template_kwargs": {"enable_thinking": False}}
 TOOL = {
     "type": "function",
@@ -63,21 +66,24 @@ class Probe:
     # hidden states of the last matched block, so vLLM drops it from each hit; DFlash does not
     # (vLLM issue #51250; sparkserve.workarounds turns the drop off before 0.33)
     kept_back: int = 0
+    metrics_open: bool = False  # METRICS_OPEN=1: /metrics needs no key
     data: dict[str, Any] = field(default_factory=dict)  # what later checks reuse
 
     def post(self, path: str, body: dict[str, Any], timeout_s: float = 300) -> Any:
         return self.server.request(path, {"model": self.model, **body}, timeout_s=timeout_s)
 
 
-def status_of(probe: Probe, path: str, key: str | None, body: dict | None = None) -> int:
+def status_of(
+    probe: Probe, method: str, path: str, key: str | None, body: dict | None = None
+) -> int:
     """The HTTP status of one request sent with `key` (None: no Authorization header)."""
     connection = http.client.HTTPConnection(probe.server.host, probe.server.port, timeout=60)
     headers = {"Content-Type": "application/json"}
     if key is not None:
         headers["Authorization"] = f"Bearer {key}"
     try:
-        data = None if body is None else json.dumps({"model": probe.model, **body})
-        connection.request("GET" if body is None else "POST", path, data, headers)
+        data = json.dumps({"model": probe.model, **body}) if body is not None else None
+        connection.request(method, path, data if method != "GET" else None, headers)
         response = connection.getresponse()
         response.read()
         return response.status
@@ -86,17 +92,31 @@ def status_of(probe: Probe, path: str, key: str | None, body: dict | None = None
 
 
 def check_key(probe: Probe) -> Result:
+    """Every route of the server's OpenAPI document (and the document's own pages), asked
+    without the key, gets 401 but the open ones (sparkserve.access); a wrong key gets 401; the
+    key gets a completion."""
+    document = probe.server.request("/openapi.json")
+    routes = {
+        (method.upper(), re.sub(r"\{[^}]*\}", "x", path))  # any value: 401 comes first
+        for path, operations in document["paths"].items()
+        for method in operations
+        if method.upper() in HTTP_METHODS
+    } | {("GET", "/openapi.json"), ("GET", "/docs"), ("GET", "/redoc")}
+    open_paths = access.open_paths(probe.metrics_open)
+    wrong = []
+    for method, path in sorted(routes):
+        status = status_of(probe, method, path, None)
+        if (status == 401) == (path in open_paths):
+            wrong.append(f"{method} {path} {status}")
     body = {"prompt": "hi", "max_tokens": 1}
-    seen = {
-        "no key": status_of(probe, "/v1/completions", None, body),
-        "wrong key": status_of(probe, "/v1/completions", probe.key + "x", body),
-        "no key, /v1/models": status_of(probe, "/v1/models", None),
-        "the key": status_of(probe, "/v1/completions", probe.key, body),
-        "no key, /health": status_of(probe, "/health", None),
-    }
-    ok = seen == {"no key": 401, "wrong key": 401, "no key, /v1/models": 401, "the key": 200,
-                  "no key, /health": 200}  # fmt: skip
-    return Result("key", ok, ", ".join(f"{k} {v}" for k, v in seen.items()), seen)
+    wrong_key = status_of(probe, "POST", "/v1/completions", probe.key + "x", body)
+    right_key = status_of(probe, "POST", "/v1/completions", probe.key, body)
+    ok = not wrong and wrong_key == 401 and right_key == 200
+    detail = (f"{len(routes)} routes: 401 without the key but {', '.join(sorted(open_paths))}; "
+              f"a wrong key {wrong_key}, the key {right_key}")  # fmt: skip
+    if wrong:
+        detail = f"not as expected: {'; '.join(wrong)}; " + detail
+    return Result("key", ok, detail, {"routes": len(routes), "wrong": wrong})
 
 
 def check_completion(probe: Probe) -> Result:

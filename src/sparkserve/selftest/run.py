@@ -63,6 +63,7 @@ def serve_case(
             speculative=case.speculative, head_report_dir=report_dir,
             int8_head=case.int8_head, cuda=has_cuda(),
             kept_back=1 if case.launcher == "mtp" else 0,
+            metrics_open=env.get("METRICS_OPEN", BY_NAME["METRICS_OPEN"].default) == "1",
         )  # fmt: skip
         max_len = int(env.get("MAX_MODEL_LEN") or BY_NAME["MAX_MODEL_LEN"].default)
         steps = [
@@ -196,7 +197,8 @@ def run(args: argparse.Namespace) -> int:
     if failed:
         print(f"sparkserve selftest: FAILED: {'; '.join(failed)} (logs in {out})", file=sys.stderr)
         return 1
-    print(f"sparkserve selftest: passed ({len(results)} cases; {out}/selftest.json)")
+    cases_run = f"{len(results)} case{'s' if len(results) != 1 else ''}"
+    print(f"sparkserve selftest: passed ({cases_run}; {out}/selftest.json)")
     return 0
 
 
