@@ -19,13 +19,14 @@ import os
 import signal
 import socket
 import subprocess
+import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
 from sparkserve.client.server import Server, StreamResult
-from sparkserve.knobs import BY_NAME, STOP_MARGIN_S, image_of
+from sparkserve.knobs import BY_NAME, STOP_MARGIN_S, Launcher, image_of
 from sparkserve.recipes import LAUNCHER_SCRIPTS, launcher_dir
 from sparkserve.selftest.checks import Result
 from sparkserve.selftest.models import Models
@@ -36,7 +37,7 @@ SERVED_NAME = "selftest"
 @dataclass(frozen=True)
 class Case:
     name: str
-    launcher: str  # "dflash" (serve.sh) or "mtp" (mtp_serve.sh)
+    launcher: Launcher  # "dflash" (serve.sh) or "mtp" (mtp_serve.sh)
     speculative: bool
     int8_head: bool
     why: str
@@ -70,8 +71,7 @@ def case_env(
     with the case's own knobs over it. Only what the case is about, and what a model with no
     weights needs, changes."""
     env = dict(base)
-    launcher = "dflash" if case.launcher == "dflash" else "mtp"
-    spec = BY_NAME["NUM_SPEC_TOKENS"].default_for(launcher)  # 12 / 2, the image's 0 aside
+    spec = BY_NAME["NUM_SPEC_TOKENS"].default_for(case.launcher)  # 12 / 2, the image's 0 aside
     env.update(
         MODEL=str(models.target), SERVED_MODEL_NAME=SERVED_NAME, LOAD_FORMAT="dummy",
         HOST="127.0.0.1", PORT=str(port), API_KEY=key, HF_HUB_OFFLINE="1",
@@ -82,7 +82,7 @@ def case_env(
     if models.drafter is not None and case.launcher == "dflash":
         env["DRAFT_MODEL"] = str(models.drafter)
     if "MAX_MODEL_LEN" not in base:  # the knob's default may exceed a small geometry's
-        default = int(BY_NAME["MAX_MODEL_LEN"].default_for(launcher, image_of(base)))
+        default = int(BY_NAME["MAX_MODEL_LEN"].default_for(case.launcher, image_of(base)))
         env["MAX_MODEL_LEN"] = str(min(default, models.max_len or default))
     return env
 
@@ -132,8 +132,6 @@ def stop_with_a_stream_open(running: Running, drain_s: int, max_len: int) -> Res
     """`docker stop`: SIGTERM to the launcher while a stream is open. With a drain
     (SHUTDOWN_TIMEOUT_S > 0) the stream, a fifth of the drain long at the speed just measured,
     must end normally and the launcher exit 0 within the drain and compose's margin."""
-    import threading
-
     probe = running.server.stream_completion(SERVED_NAME, "Drain", 32)
     took = (probe.ended or 0) - probe.started
     rate = probe.completion_tokens / took if probe.completion_tokens and took > 0 else 20.0

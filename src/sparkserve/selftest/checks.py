@@ -67,7 +67,6 @@ class Probe:
     # (vLLM issue #51250; sparkserve.workarounds turns the drop off before 0.33)
     kept_back: int = 0
     metrics_open: bool = False  # METRICS_OPEN=1: /metrics needs no key
-    data: dict[str, Any] = field(default_factory=dict)  # what later checks reuse
 
     def post(self, path: str, body: dict[str, Any], timeout_s: float = 300) -> Any:
         return self.server.request(path, {"model": self.model, **body}, timeout_s=timeout_s)
@@ -139,7 +138,6 @@ def check_chat(probe: Probe) -> Result:
 def check_stream(probe: Probe) -> Result:
     stream = probe.server.stream_completion(probe.model, "Once", 64)
     rate = stream.decode_tok_s
-    probe.data["decode_tok_s"] = rate
     ok = stream.error is None and stream.finish_reason == "length"
     ok = ok and stream.completion_tokens == 64
     detail = f"{stream.completion_tokens} of 64 tokens, finish {stream.finish_reason}"
@@ -274,26 +272,25 @@ def greedy_tokens(probe: Probe) -> Result:
             "ignore_eos": True})  # fmt: skip
         logprobs = reply["choices"][0]["logprobs"]
         runs.append({"tokens": logprobs["tokens"], "top": logprobs["top_logprobs"]})
-    probe.data["greedy"] = runs
     return Result("greedy", True, f"{len(runs)} prompts x {PARITY_TOKENS} tokens", {"runs": runs})
 
 
 def compare_greedy(name: str, runs: list[dict], reference: list[dict]) -> Result:
     """The first token where `runs` leaves the reference's greedy path, and how clear the
     reference's choice was there (its top logprob minus the runner-up's)."""
-    notes, clear = [], False
+    notes, diverged, clear = [], False, False
     for index, (run, ref) in enumerate(zip(runs, reference, strict=True)):
-        diverged = next(
+        at = next(
             (i for i, (a, b) in enumerate(zip(run["tokens"], ref["tokens"], strict=False))
              if a != b), None)  # fmt: skip
-        if diverged is None:
+        if at is None:
             notes.append(f"prompt {index + 1}: identical")
             continue
-        top = sorted((ref["top"][diverged] or {}).values(), reverse=True)
+        top = sorted((ref["top"][at] or {}).values(), reverse=True)
         margin = top[0] - top[1] if len(top) > 1 else float("inf")
-        clear = clear or margin > CLEAR_MARGIN
-        notes.append(f"prompt {index + 1}: token {diverged}, margin {margin:.3f}")
-    ok: bool | None = False if clear else (None if any("margin" in n for n in notes) else True)
+        diverged, clear = True, clear or margin > CLEAR_MARGIN
+        notes.append(f"prompt {index + 1}: token {at}, margin {margin:.3f}")
+    ok: bool | None = False if clear else (None if diverged else True)
     return Result(name, ok, "; ".join(notes))
 
 

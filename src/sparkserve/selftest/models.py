@@ -14,6 +14,7 @@ weights pick is text. Qwen's special and parser tokens come first, as single ids
 
 from __future__ import annotations
 
+import copy
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -88,7 +89,7 @@ class Models:
 def geometry(name: str) -> tuple[dict[str, Any], dict[str, Any] | None]:
     """The target's and the drafter's config.json: TINY, or a recipe's files."""
     if name == TINY:
-        return json.loads(json.dumps(TINY_TARGET)), json.loads(json.dumps(TINY_DRAFTER))
+        return copy.deepcopy(TINY_TARGET), copy.deepcopy(TINY_DRAFTER)
     recipe = recipes.load(name)
     target = json.loads((recipe.geometry / "config.json").read_text())
     drafter_file = recipe.drafter_geometry / "config.json"

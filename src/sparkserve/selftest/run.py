@@ -39,7 +39,12 @@ def say(line: str) -> None:
 
 
 def serve_case(
-    case: cases.Case, geometry: str, models: Models, out: Path, start_timeout_s: float
+    case: cases.Case,
+    geometry: str,
+    models: Models,
+    out: Path,
+    start_timeout_s: float,
+    cuda: bool,
 ) -> list[checks.Result]:
     """One start of the case's launcher, its checks, its stop."""
     report_dir = out / f"{case.name}-head"
@@ -61,11 +66,11 @@ def serve_case(
         probe = checks.Probe(
             server=running.server, key=key, model=cases.SERVED_NAME,
             speculative=case.speculative, head_report_dir=report_dir,
-            int8_head=case.int8_head, cuda=has_cuda(),
+            int8_head=case.int8_head, cuda=cuda,
             kept_back=1 if case.launcher == "mtp" else 0,
             metrics_open=env.get("METRICS_OPEN", BY_NAME["METRICS_OPEN"].default) == "1",
         )  # fmt: skip
-        max_len = int(env.get("MAX_MODEL_LEN") or BY_NAME["MAX_MODEL_LEN"].default)
+        max_len = int(env["MAX_MODEL_LEN"])  # case_env always sets it
         steps = [
             ("key", lambda: checks.check_key(probe)),
             ("completion", lambda: checks.check_completion(probe)),
@@ -180,18 +185,19 @@ def run(args: argparse.Namespace) -> int:
     say(f"{geometry}: {models.layers} of {models.full_layers} layers, vocab {models.vocab}, "
         f"no weights; cases {', '.join(names)}; out {out}")  # fmt: skip
     results: dict[str, list[checks.Result]] = {}
+    cuda = has_cuda()
     try:
         for name in names:
             results[name] = serve_case(
-                cases.CASES[name], geometry, models, out, args.start_timeout_s
+                cases.CASES[name], geometry, models, out, args.start_timeout_s, cuda
             )
-            write_json(out, geometry, models, results)
+            write_json(out, geometry, models, cuda, results)
     finally:
         shutil.rmtree(work, ignore_errors=True)
     for case, result in compare(results).items():
         results[case].append(result)
         say(f"{case}: {result.name}: {mark(result.ok)} {result.detail}")
-    write_json(out, geometry, models, results)
+    write_json(out, geometry, models, cuda, results)
     print(table(results))
     failed = [f"{case}: {r.name}" for case, rs in results.items() for r in rs if r.ok is False]
     if failed:
@@ -202,10 +208,10 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def write_json(out: Path, geometry: str, models: Models, results: dict) -> None:
+def write_json(out: Path, geometry: str, models: Models, cuda: bool, results: dict) -> None:
     document = {
         "geometry": geometry, "layers": models.layers, "full_layers": models.full_layers,
-        "vocab": models.vocab, "cuda": has_cuda(),
+        "vocab": models.vocab, "cuda": cuda,
         "cases": {case: [asdict(r) for r in rs] for case, rs in results.items()},
     }  # fmt: skip
     (out / "selftest.json").write_text(json.dumps(document, indent=1, default=str))
