@@ -43,7 +43,8 @@ def docker(*args: str, check: bool = True, timeout: float = 120) -> subprocess.C
 
 
 def docker_time(stamp: str) -> datetime:
-    """A time from `docker inspect` (RFC 3339 with nanoseconds) as an aware datetime."""
+    """A time from `docker inspect` or `docker logs --timestamps` (RFC 3339 with nanoseconds)
+    as an aware datetime."""
     head, _, rest = stamp.rstrip("Z").partition(".")
     fraction = rest[:6] if rest else "0"
     return datetime.fromisoformat(f"{head}.{fraction:0<6}+00:00")
@@ -182,6 +183,14 @@ class ComposeProject:
         """Everything the container printed, over all of its restarts."""
         done = docker("logs", self.container(service), check=False)
         return done.stdout + done.stderr
+
+    def logged_at(self, service: str, text: str) -> float | None:
+        """When (epoch seconds, Docker's own stamp) the container last printed a line holding
+        `text`: the log's polling sees a line up to a second or more after it was written."""
+        done = docker("logs", "--timestamps", self.container(service), check=False)
+        stamps = [line.split(" ", 1)[0] for line in (done.stdout + done.stderr).splitlines()
+                  if text in line]  # fmt: skip
+        return docker_time(stamps[-1]).timestamp() if stamps else None
 
     def wait_for_log(self, service: str, text: str, timeout_s: float, seen: int = 0) -> str:
         """Wait until the log holds `text` more than `seen` times (its earlier lines stay in it
