@@ -11,9 +11,12 @@
 #                            (once per machine), check what loads, then
 #                            benchmarks/gpu/starts.py --cases CASES; everything under $OUT
 #   h200.sh selftest CASES   the same, then `sparkserve selftest` of the default recipe's
-#                            geometry (8 layers) for CASES (plain,dflash,mtp,bf16), its table,
-#                            JSON and server logs under $OUT/selftest; HF_HOME under /tmp stays
-#                            for the next call (the caches a later case reuses)
+#                            geometry (8 layers) for CASES (plain,dflash,mtp,bf16), stopped
+#                            before the call's 600 s; its table, JSON and server logs come back
+#                            as $OUT/selftest.tgz, the cache files before and after in
+#                            $OUT/caches.txt; HF_HOME under /tmp stays for the next call (the
+#                            caches a later case reuses; benchmarks/gpu/selftest_merge.py
+#                            compares cases run in different calls)
 #
 # Every step prints its seconds; the host's own torch, triton and CUDA stay as they are.
 set -euo pipefail
@@ -75,7 +78,9 @@ host_env() {
   # the host's user site (where its torch may live) stays importable under another HOME
   local user_site
   user_site="$(python3 -c 'import site; print(site.getusersitepackages())')"
-  export PYTHONPATH="${ROOT}/site:${user_site}"
+  # this checkout's package first: its recipes and launchers are found beside it (installed in
+  # site/ alone, it would look for the image's); site/ keeps its entry points (vLLM's plugin)
+  export PYTHONPATH="${REPO}/src:${ROOT}/site:${user_site}"
   export PATH="${ROOT}/bin:${PATH}"
 }
 
@@ -108,17 +113,39 @@ PY
     --cases "${cases}" --deadline-s "${DEADLINE_S:-$((585 - SECONDS))}"
 }
 
+# files in vLLM's and Triton's caches on the volume: what a start compiled and kept
+cache_files() {
+  local dir count
+  for dir in vllm triton; do
+    count=0
+    [[ -d "${ROOT}/hf/${dir}" ]] && count="$(find "${ROOT}/hf/${dir}" -type f | wc -l)"
+    printf '%s=%s ' "${dir}" "${count}"
+  done
+  echo
+}
+
 selftest() {
   local cases="$1" out="${OUT:?h200.sh: OUT names the folder whose files come back}"
   install
   host_env
-  step "selftest: ${cases}"
+  nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "${out}/gpu.txt"
+  echo "before: $(cache_files)" | tee "${out}/caches.txt"
+  # one call may run 600 s: SIGINT before that stops the servers and keeps each finished
+  # case's JSON; the folder travels as one file (a call brings back 8 files at most)
+  local left=$((570 - SECONDS))
+  step "selftest: ${cases} (at most ${left} s)"
   # what this host needs that the Spark image does not: no flashinfer in the bundle (FACTS
   # "vLLM's CUDA build on an H200 host")
+  local status=0
   HF_HOME="${ROOT}/hf" VLLM_USE_FLASHINFER_SAMPLER=0 \
     EXTRA_ARGS="--additional-config '{\"gdn_prefill_backend\": \"triton\"}'" \
-    python3 -u -m sparkserve selftest --cases "${cases}" --out "${out}/selftest" \
-    --start-timeout-s "${START_TIMEOUT_S:-540}"
+    timeout -s INT -k 20 "${left}" python3 -u -m sparkserve selftest --cases "${cases}" \
+    --out "${ROOT}/selftest" --start-timeout-s "${START_TIMEOUT_S:-540}" || status=$?
+  echo "after: $(cache_files)" | tee -a "${out}/caches.txt"
+  tar -C "${ROOT}" -czf "${out}/selftest.tgz" selftest
+  rm -rf "${ROOT}/selftest"
+  step "selftest: exit ${status}"
+  return "${status}"
 }
 
 case "${1:-}" in

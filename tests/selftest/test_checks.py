@@ -1,10 +1,10 @@
-"""The selftest's greedy comparison: a divergence is a failure only where the reference's
-choice was clear; elsewhere it is reported with its place and margin. Its servers are
-tests/e2e/test_selftest_container.py's."""
+"""The selftest's greedy comparison (a divergence is a failure only where the reference's
+choice was clear; elsewhere it is reported with its place and margin) and the unit its prefix
+check counts hits in. Its servers are tests/e2e/test_selftest_container.py's."""
 
 from __future__ import annotations
 
-from sparkserve.selftest.checks import CLEAR_MARGIN, compare_greedy
+from sparkserve.selftest.checks import CLEAR_MARGIN, compare_greedy, hit_unit
 
 
 def run(tokens: list[str], tops: list[dict[str, float]]) -> dict:
@@ -34,3 +34,22 @@ def test_a_divergence_from_a_clear_choice_fails() -> None:
         assert result.ok is False, result
         margin = float(result.detail.rsplit(" ", 1)[1])
         assert margin > CLEAR_MARGIN and result.detail.startswith(f"prompt 1: token {token},")
+
+
+# vLLM 0.33.0's lines on the H200 (FINDINGS 27): the Spark geometry with its DFlash drafter,
+# then without a drafter
+DFLASH_LOG = """(EngineCore pid=2042) INFO 12-04 17:55:58 [kv_cache_utils.py:865] kv cache group sizes (2240, 2240, 2240, 4480, 2240, 2240, 2240)
+(EngineCore pid=2042) INFO 12-04 17:55:58 [kv_cache_utils.py:866] kv lcm block sizes 4480
+"""  # noqa: E501
+PLAIN_LOG = (
+    "(EngineCore pid=832) INFO 12-04 17:51:00 [kv_cache_utils.py:866] kv lcm block sizes 2096\n"
+)
+
+
+def test_prefix_hits_are_counted_in_the_groups_least_common_block() -> None:
+    unit, why = hit_unit(DFLASH_LOG, 2240)
+    assert unit == 4480
+    assert why == ("hits land on 4480-token boundaries (the least common multiple of the KV "
+                   "cache groups' blocks, 2240 and 4480)")  # fmt: skip
+    assert hit_unit(PLAIN_LOG, 2096) == (2096, "")
+    assert hit_unit("", 128) == (128, "")  # one group: vLLM logs no multiple

@@ -4,6 +4,7 @@ vLLM's own loader (transformers) reads, one token per byte, every id decodable."
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -17,6 +18,8 @@ from sparkserve.selftest.models import (
     GeometryError,
     fewer_layers,
     geometry,
+    keep_models,
+    models_home,
     write_models,
 )
 
@@ -69,9 +72,36 @@ def test_the_tokenizer_gives_one_token_per_byte_and_decodes_every_id(tmp_path: P
     assert chat.endswith("<|im_start|>assistant\n<think>\n")
 
 
-def run_selftest(*args: str) -> subprocess.CompletedProcess[str]:
+def test_a_geometry_keeps_one_folder_written_once_and_mended_when_it_differs(
+    tmp_path: Path,
+) -> None:
+    """vLLM's compile cache is keyed on the model's path: every run of the same geometry must
+    serve the same folder, left as it is when it already holds the right files."""
+    home = models_home(tmp_path, SPARK, 8)
+    assert home == models_home(tmp_path, SPARK, 8) != models_home(tmp_path, SPARK, 12)
+    assert models_home(tmp_path, TINY, None) != home
+    first = keep_models(home, SPARK, 8)
+    assert first.target == home / "target" and first.drafter == home / "drafter"
+    config = home / "target" / "config.json"
+    written, inode = config.read_text(), config.stat().st_ino
+    assert keep_models(home, SPARK, 8) == first
+    assert config.stat().st_ino == inode  # not written again: a running selftest may read it
+    config.write_text("{}")  # a folder an older version wrote, or a broken one
+    keep_models(home, SPARK, 8)
+    assert config.read_text() == written
+    assert sorted(p.name for p in home.parent.iterdir()) == [home.name]  # nothing left beside
+
+
+def test_a_refused_geometry_writes_nothing(tmp_path: Path) -> None:
+    with pytest.raises(GeometryError, match="--layers 3: keeps no attention layer"):
+        keep_models(models_home(tmp_path, SPARK, 3), SPARK, 3)
+    assert list(tmp_path.iterdir()) == []
+
+
+def run_selftest(hf_home: Path, *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "sparkserve", "selftest", *args],
-                          capture_output=True, text=True, timeout=120)  # fmt: skip
+                          capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "HF_HOME": str(hf_home)})  # fmt: skip
 
 
 @pytest.mark.parametrize(
@@ -80,8 +110,11 @@ def run_selftest(*args: str) -> subprocess.CompletedProcess[str]:
      (["--recipe", "nope"], "RECIPE='nope': no such recipe; one of "),
      (["--recipe", SPARK, "--layers", "3"], "--layers 3: keeps no attention layer")],
 )  # fmt: skip
-def test_bad_input_is_one_line_and_exit_2_before_any_start(args: list[str], says: str) -> None:
-    done = run_selftest(*args)
+def test_bad_input_is_one_line_and_exit_2_before_any_start(
+    args: list[str], says: str, tmp_path: Path
+) -> None:
+    done = run_selftest(tmp_path, *args)
     assert done.returncode == 2, done
     assert done.stderr.count("\n") == 1 and says in done.stderr, done.stderr
     assert done.stdout == ""
+    assert list(tmp_path.iterdir()) == []  # nothing written

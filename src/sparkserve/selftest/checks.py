@@ -67,6 +67,7 @@ class Probe:
     # (vLLM issue #51250; sparkserve.workarounds turns the drop off before 0.33)
     kept_back: int = 0
     metrics_open: bool = False  # METRICS_OPEN=1: /metrics needs no key
+    server_log: Path | None = None  # what vLLM printed: where its KV cache groups are named
 
     def post(self, path: str, body: dict[str, Any], timeout_s: float = 300) -> Any:
         return self.server.request(path, {"model": self.model, **body}, timeout_s=timeout_s)
@@ -216,13 +217,38 @@ def block_size(snapshot: metrics.Snapshot) -> int | None:
     return None
 
 
+# vLLM's own lines (v1/core/kv_cache_utils.py) for a model of several KV cache groups: each
+# group's block, and their least common multiple, the unit a prefix hit lands on
+GROUP_BLOCKS = re.compile(r"kv cache group sizes \(([\d, ]+)\)")
+HIT_UNIT = re.compile(r"kv lcm block sizes (\d+)")
+
+
+def hit_unit(log: str, block: int) -> tuple[int, str]:
+    """The tokens a prefix hit comes in: `block` (vllm:cache_config_info's), or the least
+    common multiple of the KV cache groups' blocks where vLLM logged one above it (a drafter
+    whose layers store fewer bytes per token gets a longer block for the same page), with the
+    groups' blocks in words."""
+    unit = HIT_UNIT.search(log)
+    if not unit or int(unit.group(1)) <= block:
+        return block, ""
+    groups = GROUP_BLOCKS.search(log)
+    sizes = sorted({int(size) for size in groups.group(1).split(",")}) if groups else []
+    named = " and ".join(str(size) for size in sizes) or "?"
+    return int(unit.group(1)), (
+        f"hits land on {unit.group(1)}-token boundaries (the least common multiple of the KV "
+        f"cache groups' blocks, {named})"
+    )
+
+
 def check_prefix_hits(probe: Probe, max_len: int) -> Result:
     """Prompts of 1, 2 and 4 whole cache blocks plus a quarter block, each sent twice: the
-    second must hit every whole block (the tokenizer makes one token per byte), but for the
-    blocks the case's drafter keeps back (`Probe.kept_back`)."""
+    second must hit every whole hit unit (`hit_unit`; the tokenizer makes one token per byte),
+    but for the units the case's drafter keeps back (`Probe.kept_back`)."""
     block = block_size(probe.server.metrics())
     if not block:
         return Result("prefix hits", False, "no block_size in vllm:cache_config_info")
+    log = probe.server_log.read_text(errors="replace") if probe.server_log else ""
+    unit, why = hit_unit(log, block)
     rows, ok = [], True
     for blocks in PREFIX_BLOCKS:
         length = blocks * block + block // 4
@@ -237,11 +263,13 @@ def check_prefix_hits(probe: Probe, max_len: int) -> Result:
         after = probe.server.settled_metrics()
         hits = metrics.delta(before, after, metrics.PREFIX_HITS) or 0
         prompt = reply["usage"]["prompt_tokens"]
-        ok = ok and hits >= (blocks - probe.kept_back) * block
+        ok = ok and hits >= max(0, blocks * block // unit - probe.kept_back) * unit
         rows.append(f"{blocks} x {block}: {hits:.0f} of {prompt} hit")
+    if why:
+        rows.append(why)
     if probe.kept_back:
         rows.append(f"{probe.kept_back} block kept back for the MTP drafter (vLLM's design)")
-    return Result("prefix hits", ok, "; ".join(rows), {"block": block})
+    return Result("prefix hits", ok, "; ".join(rows), {"block": block, "unit": unit})
 
 
 def check_head(probe: Probe) -> Result:

@@ -15,8 +15,11 @@ weights pick is text. Qwen's special and parser tokens come first, as single ids
 from __future__ import annotations
 
 import copy
+import filecmp
 import json
-from dataclasses import dataclass
+import shutil
+import tempfile
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -169,3 +172,44 @@ def write_models(root: Path, name: str, layers: int | None) -> Models:
         full_layers=full, vocab=int(target["vocab_size"]),
         max_len=int(target.get("max_position_embeddings", 0)),
     )  # fmt: skip
+
+
+def models_home(hf_home: Path, name: str, layers: int | None) -> Path:
+    """The one folder a geometry's models live in (under the model-cache volume): vLLM keys its
+    compile cache on the model's path among the rest, so a later selftest of the same models
+    reuses what an earlier one compiled instead of compiling and storing it again."""
+    return hf_home / "sparkserve" / "selftest" / "models" / f"{name}-{layers or 'all'}-layers"
+
+
+def same_files(one: Path, other: Path) -> bool:
+    compared = filecmp.dircmp(one, other)
+    if compared.left_only or compared.right_only or compared.funny_files:
+        return False
+    _, mismatch, errors = filecmp.cmpfiles(one, other, compared.common_files, shallow=False)
+    return (
+        not mismatch
+        and not errors
+        and all(same_files(one / sub, other / sub) for sub in compared.common_dirs)
+    )
+
+
+def keep_models(home: Path, name: str, layers: int | None) -> Models:
+    """`write_models` into `home`, whole or not at all: written beside it first, then left
+    alone when `home` already holds the same files (a selftest may be serving them), else
+    moved into its place."""
+    target, drafter = geometry(name)
+    fewer_layers(target, drafter, layers or int(target["num_hidden_layers"]))  # before any write
+    home.parent.mkdir(parents=True, exist_ok=True)
+    fresh = Path(tempfile.mkdtemp(prefix=f".{home.name}-", dir=home.parent))
+    try:
+        models = write_models(fresh, name, layers)
+        if home.is_dir() and same_files(fresh, home):
+            shutil.rmtree(fresh)
+        else:
+            shutil.rmtree(home, ignore_errors=True)
+            fresh.rename(home)
+    except BaseException:
+        shutil.rmtree(fresh, ignore_errors=True)
+        raise
+    drafter = home / models.drafter.name if models.drafter else None
+    return replace(models, target=home / models.target.name, drafter=drafter)

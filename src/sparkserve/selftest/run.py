@@ -19,7 +19,6 @@ import os
 import secrets
 import shutil
 import sys
-import tempfile
 import time
 from dataclasses import asdict
 from pathlib import Path
@@ -28,7 +27,7 @@ from typing import Any
 from sparkserve import recipes
 from sparkserve.knobs import BY_NAME
 from sparkserve.selftest import cases, checks
-from sparkserve.selftest.models import TINY, GeometryError, Models, write_models
+from sparkserve.selftest.models import TINY, GeometryError, Models, keep_models, models_home
 
 DEFAULT_LAYERS = 8  # of a recipe's geometry: the drafter reads 8 target layers
 START_TIMEOUT_S = 1800  # a cold start on a Spark compiles for minutes
@@ -69,6 +68,7 @@ def serve_case(
             int8_head=case.int8_head, cuda=cuda,
             kept_back=1 if case.launcher == "mtp" else 0,
             metrics_open=env.get("METRICS_OPEN", BY_NAME["METRICS_OPEN"].default) == "1",
+            server_log=running.log,
         )  # fmt: skip
         max_len = int(env["MAX_MODEL_LEN"])  # case_env always sets it
         steps = [
@@ -167,33 +167,25 @@ def run(args: argparse.Namespace) -> int:
             raise GeometryError(f"--cases: {bad[0]!r} is not one of {', '.join(cases.CASES)}")
         geometry = chosen_geometry(args)
         layers = args.layers or (None if geometry == TINY else DEFAULT_LAYERS)
-        work = Path(tempfile.mkdtemp(prefix="sparkserve-selftest-"))
-        try:
-            models = write_models(work, geometry, layers)
-        except BaseException:
-            shutil.rmtree(work, ignore_errors=True)
-            raise
+        hf_home = Path(os.environ.get("HF_HOME") or Path.home() / ".cache" / "huggingface")
+        models = keep_models(models_home(hf_home, geometry, layers), geometry, layers)
     except (GeometryError, recipes.RecipeError) as error:
         print(f"sparkserve selftest: {error}", file=sys.stderr)
         return 2
     if models.drafter is None:
         names = [n for n in names if n != "dflash"]
     stamp = time.strftime("%Y%m%d-%H%M%S")
-    hf_home = Path(os.environ.get("HF_HOME") or Path.home() / ".cache" / "huggingface")
     out = args.out or hf_home / "sparkserve" / "selftest" / stamp
     out.mkdir(parents=True, exist_ok=True)
     say(f"{geometry}: {models.layers} of {models.full_layers} layers, vocab {models.vocab}, "
         f"no weights; cases {', '.join(names)}; out {out}")  # fmt: skip
     results: dict[str, list[checks.Result]] = {}
     cuda = has_cuda()
-    try:
-        for name in names:
-            results[name] = serve_case(
-                cases.CASES[name], geometry, models, out, args.start_timeout_s, cuda
-            )
-            write_json(out, geometry, models, cuda, results)
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
+    for name in names:
+        results[name] = serve_case(
+            cases.CASES[name], geometry, models, out, args.start_timeout_s, cuda
+        )
+        write_json(out, geometry, models, cuda, results)
     for case, result in compare(results).items():
         results[case].append(result)
         say(f"{case}: {result.name}: {mark(result.ok)} {result.detail}")
