@@ -207,14 +207,19 @@ def check_speculation(probe: Probe) -> Result:
     return Result("speculation", drafts > 0 and drafted > 0, detail, data)
 
 
-def block_size(snapshot: metrics.Snapshot) -> int | None:
+def cache_info(snapshot: metrics.Snapshot) -> dict[str, str]:
+    """vllm:cache_config_info's labels: vLLM's cache config, every field a string."""
     for (name, pairs), _ in snapshot.items():
         if name == metrics.CACHE_INFO:
-            try:
-                return int(float(dict(pairs)["block_size"]))
-            except (KeyError, ValueError):
-                return None
-    return None
+            return dict(pairs)
+    return {}
+
+
+def block_size(info: dict[str, str]) -> int | None:
+    try:
+        return int(float(info["block_size"]))
+    except (KeyError, ValueError):
+        return None
 
 
 # vLLM's own lines (v1/core/kv_cache_utils.py) for a model of several KV cache groups: each
@@ -244,11 +249,16 @@ def check_prefix_hits(probe: Probe, max_len: int) -> Result:
     """Prompts of 1, 2 and 4 whole cache blocks plus a quarter block, each sent twice: the
     second must hit every whole hit unit (`hit_unit`; the tokenizer makes one token per byte),
     but for the units the case's drafter keeps back (`Probe.kept_back`)."""
-    block = block_size(probe.server.metrics())
+    info = cache_info(probe.server.metrics())
+    block = block_size(info)
     if not block:
         return Result("prefix hits", False, "no block_size in vllm:cache_config_info")
+    if info.get("enable_prefix_caching") != "True":
+        return Result("prefix hits", False, "prefix caching is off (vllm:cache_config_info)")
     log = probe.server_log.read_text(errors="replace") if probe.server_log else ""
     unit, why = hit_unit(log, block)
+    if unit > PREFIX_BLOCKS[-1] * block:
+        return Result("prefix hits", False, f"{why}: no prompt sent here can hit")
     rows, ok = [], True
     for blocks in PREFIX_BLOCKS:
         length = blocks * block + block // 4
