@@ -32,6 +32,8 @@ sparkserve-cpu` as a user types it:
      repeated prompts from its prefix cache and stays healthy; 5b-9 reuse this server;
   5b. `scripts/tune.sh memory` from the host (its default compose driver): the service recreated
      with the candidate pool, the stress bank PASS, the value kept, running and written to .env;
+  5c. `scripts/up.sh` with an out-of-range knob: refused by the launcher's dry run in a
+     container of its own, the running server untouched, the last line names the knob;
   6. vLLM's API server SIGKILLed in the running container with a stream open: the container
      exits 137 (Docker's `die` event), Docker restarts it, it is healthy again by Docker's own
      healthcheck (timed); the stream ends with an error within a bound, never hangs;
@@ -709,6 +711,40 @@ def crash_and_recover(project: ComposeProject, engine: bool, name: str) -> None:
     TIMINGS[f"{name}_to_healthy_s"] = time.monotonic() - killed
     print(f"\n{name}: exit codes {codes}, in-flight stream: {outcome}")
     COMPILE_LINES[f"{name}_exit_and_stream"] = [str(codes), outcome]
+
+
+def test_5c_up_sh_refuses_a_bad_knob_and_the_running_server_keeps_answering(
+    project: ComposeProject,
+) -> None:
+    """`scripts/up.sh` (the README's way to apply a changed knob): the launcher's own checks
+    run first in a container of their own; a refused value leaves the running server as it was
+    (a plain `up` would recreate it before the fetch service refuses), the last line names the
+    knob. With settings that pass, it is `docker compose up -d` (nothing changed: nothing
+    recreated)."""
+    serving(project)
+    running = project.inspect(SERVICE)["Id"]
+    script = [str(REPO / "scripts" / "up.sh"), SERVICE]
+    kept = project.env.get("GPU_MEM")
+    project.write_env(GPU_MEM="0.99")
+    try:
+        refused = subprocess.run(script, env=project.script_env(), capture_output=True,
+                                 text=True, timeout=300, cwd=REPO)  # fmt: skip
+    finally:
+        if kept is None:
+            project.unset_env("GPU_MEM")
+        else:
+            project.write_env(GPU_MEM=kept)
+    assert refused.returncode == 2, refused.stdout + refused.stderr
+    last = refused.stderr.strip().splitlines()[-1]
+    assert last.endswith("GPU_MEM='0.99': must be a number from 0.1 to 0.95"), refused.stderr
+    assert project.inspect(SERVICE)["Id"] == running
+    assert project.state(SERVICE)["Health"]["Status"] == "healthy"
+    assert get(f"http://127.0.0.1:{port_of(project)}/v1/models", API_KEY)[0] == 200
+    unchanged = subprocess.run(script, env=project.script_env(), capture_output=True,
+                               text=True, timeout=300, cwd=REPO)  # fmt: skip
+    assert unchanged.returncode == 0, unchanged.stderr
+    assert project.inspect(SERVICE)["Id"] == running
+    assert project.restarts(SERVICE) == 0
 
 
 def test_6_vllm_killed_exits_non_zero_and_docker_brings_it_back(project: ComposeProject) -> None:

@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# up.sh: `docker compose up -d` for a changed setting, with the new settings checked first by
+# the launcher itself (DRY_RUN=1) in a throwaway container of each service (`compose run --rm
+# --no-deps`). A plain `up` recreates the running server before its *-fetch service can refuse
+# a bad value, and the API is gone; a refusal here touches no running container and ends with
+# the launcher's one line naming the knob.
+# Usage: scripts/up.sh [--profile P] [-p NAME] [-f FILE] [--env-file FILE] [SERVICE...]
+#   (default SERVICE: sparkserve; Compose's own COMPOSE_* variables apply as to `docker compose`)
+set -euo pipefail
+
+readonly PROG="up.sh"
+readonly VALUE_OPTIONS=" -p --project-name -f --file --profile --env-file --project-directory "
+
+compose_options=()
+while (( $# > 0 )) && [[ "$1" == -* ]]; do
+  if [[ "$1" == *=* && "${VALUE_OPTIONS}" == *" ${1%%=*} "* ]]; then
+    compose_options+=("$1")
+    shift
+  elif [[ "${VALUE_OPTIONS}" == *" $1 "* && $# -ge 2 ]]; then
+    compose_options+=("$1" "$2")
+    shift 2
+  else
+    echo "${PROG}: $1: not a docker compose option it passes on:${VALUE_OPTIONS% } (each with a value)" >&2
+    exit 2
+  fi
+done
+services=("$@")
+(( ${#services[@]} > 0 )) || services=(sparkserve)
+compose=(docker compose "${compose_options[@]}")
+
+for service in "${services[@]}"; do
+  printf '%s: %s: checking the settings (DRY_RUN=1, a container of its own)\n' \
+    "${PROG}" "${service}" >&2
+  status=0
+  said="$("${compose[@]}" run --rm --no-deps -e DRY_RUN=1 "${service}" 2>&1)" || status=$?
+  if (( status != 0 )); then
+    printf '%s: %s: refused, nothing running was touched (exit %s); the launcher said:\n' \
+      "${PROG}" "${service}" "${status}" >&2
+    awk 'NF { line = $0 } END { print line }' <<<"${said}" >&2
+    exit "${status}"
+  fi
+done
+exec "${compose[@]}" up -d "${services[@]}"
