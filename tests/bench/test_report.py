@@ -1,8 +1,12 @@
-"""The bench report: a server without speculative counters reads n/a (sparkserve.bench.report)."""
+"""The bench report: a server without speculative counters reads n/a, and so does a draft
+position no draft reached (sparkserve.bench.report)."""
 
 from __future__ import annotations
 
-from sparkserve.bench.report import markdown
+import math
+from pathlib import Path
+
+from sparkserve.bench.report import markdown, nan_for_none, plot
 from sparkserve.client import metrics
 
 
@@ -27,3 +31,26 @@ def test_no_speculative_counters_means_n_a() -> None:
     table = markdown(result)
     assert "| prose | 1 | 10.0 | 10.0 | 0.100 | n/a | n/a |" in table
     assert "mean acceptance length: n/a" in table
+
+
+def test_a_position_no_draft_reached_is_n_a_in_the_table_and_a_gap_in_the_plot(
+    tmp_path: Path,
+) -> None:
+    acc = {"drafts": 20.0, "draft_tokens": 40.0, "accepted": 30.0,
+           "mean_acceptance_length": 2.5, "acceptance_per_position": [0.9, 0.5, None],
+           "acceptance_per_position_of": "drafts that reached it"}  # fmt: skip
+    result = {
+        "model": "m", "url": "http://127.0.0.1:1", "started_at": "now", "status": "DONE",
+        "config": {"api": "chat", "gen_tokens": 8}, "ttft": None,
+        "decode": [{"kind": "code", "concurrency": 1, "per_stream_tok_s": 10.0,
+                    "aggregate_tok_s": 10.0, "ttft_s_mean": 0.1, "spec": acc,
+                    "prefix": {"queries": None, "hits": None, "hit_rate": None}}],
+        "acceptance_by_kind": {"code": acc},
+        "overall": {"spec": acc, "prefix": {"queries": None, "hits": None, "hit_rate": None}},
+    }  # fmt: skip
+    table = markdown(result)
+    assert "(accepted at each draft position / drafts that reached it)" in table
+    assert "| code | 20 | 30 | 2.50 | 90.0% | 50.0% | n/a |" in table
+    assert nan_for_none([0.9, None])[0] == 0.9 and math.isnan(nan_for_none([0.9, None])[1])
+    plot(result, tmp_path / "bench.png")
+    assert (tmp_path / "bench.png").stat().st_size > 0

@@ -56,8 +56,32 @@ def test_acceptance_from_counter_deltas() -> None:
     acc = metrics.acceptance(metrics.parse(BEFORE), metrics.parse(AFTER), "m")
     assert acc["drafts"] == 20 and acc["accepted"] == 50 and acc["draft_tokens"] == 80
     assert acc["mean_acceptance_length"] == pytest.approx(1 + 50 / 20)
-    # Positions in numeric order (10 after 1), each accepted / drafts.
+    # Positions in numeric order (10 after 1), each accepted / drafts (no plugin counter here).
     assert acc["acceptance_per_position"] == pytest.approx([18 / 20, 10 / 20, 2 / 20])
+    assert acc["acceptance_per_position_of"] == "all drafts"
+
+
+# sparkserve.spec_metrics's counter: of the 20 drafts in the window, 20 had a token at
+# position 0, 12 at position 1 and none at position 10
+REACHED_BEFORE = """
+sparkserve_spec_decode_num_drafts_per_pos_total{engine="0",model_name="m",position="0"} 10.0
+sparkserve_spec_decode_num_drafts_per_pos_total{engine="0",model_name="m",position="1"} 8.0
+sparkserve_spec_decode_num_drafts_per_pos_total{engine="0",model_name="m",position="10"} 1.0
+"""
+REACHED_AFTER = """
+sparkserve_spec_decode_num_drafts_per_pos_total{engine="0",model_name="m",position="0"} 30.0
+sparkserve_spec_decode_num_drafts_per_pos_total{engine="0",model_name="m",position="1"} 20.0
+sparkserve_spec_decode_num_drafts_per_pos_total{engine="0",model_name="m",position="10"} 1.0
+"""
+
+
+def test_acceptance_per_position_divides_by_the_drafts_that_reached_it() -> None:
+    acc = metrics.acceptance(metrics.parse(BEFORE + REACHED_BEFORE),
+                             metrics.parse(AFTER + REACHED_AFTER), "m")  # fmt: skip
+    # position 10: 2 accepted but no draft reached it in the window: no rate, not a zero
+    assert acc["acceptance_per_position"] == pytest.approx([18 / 20, 10 / 12, None])
+    assert acc["acceptance_per_position_of"] == "drafts that reached it"
+    assert acc["mean_acceptance_length"] == pytest.approx(1 + 50 / 20)
 
 
 def test_hit_rate_and_histogram_mean_from_deltas() -> None:

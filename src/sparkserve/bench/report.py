@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import statistics
 from pathlib import Path
 from typing import Any
@@ -17,6 +18,11 @@ def _f(value: Any, digits: int = 2) -> str:
 
 def _pct(value: float | None) -> str:
     return "n/a" if value is None else f"{value * 100:.1f}%"
+
+
+def nan_for_none(values: list[float | None]) -> list[float]:
+    """A series to plot: a position no draft reached is a gap, not a zero."""
+    return [math.nan if v is None else v for v in values]
 
 
 def _median(values: list[float | None]) -> float | None:
@@ -70,9 +76,10 @@ def markdown(result: dict[str, Any]) -> str:
     if by_kind:
         width = max((len(a["acceptance_per_position"] or []) for a in by_kind.values()), default=0)
         heads = [f"pos {i}" for i in range(width)] or ["per position"]
+        of = next(iter(by_kind.values())).get("acceptance_per_position_of", "all drafts")
         lines += [
             "",
-            "## Speculative decoding by kind (accepted / drafts at each draft position)",
+            f"## Speculative decoding by kind (accepted at each draft position / {of})",
             "",
             "| kind | drafts | accepted | acceptance length | " + " | ".join(heads) + " |",
             "| --- | --- | --- | --- |" + " --- |" * len(heads),
@@ -138,7 +145,8 @@ def plot(result: dict[str, Any], out: Path) -> Path:
         per = acc.get("acceptance_per_position")
         if per:
             length = acc["mean_acceptance_length"]
-            pos_ax.plot(range(len(per)), per, "o-", label=f"{kind} (length {length:.2f})")
+            pos_ax.plot(range(len(per)), nan_for_none(per), "o-",
+                        label=f"{kind} (length {length:.2f})")  # fmt: skip
             drawn = True
     if drawn:
         pos_ax.set_ylim(0, 1.05)

@@ -15,6 +15,8 @@ DRAFTS = "vllm:spec_decode_num_drafts_total"
 DRAFT_TOKENS = "vllm:spec_decode_num_draft_tokens_total"
 ACCEPTED = "vllm:spec_decode_num_accepted_tokens_total"
 ACCEPTED_PER_POS = "vllm:spec_decode_num_accepted_tokens_per_pos_total"
+# drafts that had a token at each position (sparkserve.spec_metrics, sparkserve's vLLM plugin)
+DRAFTS_PER_POS = "sparkserve_spec_decode_num_drafts_per_pos_total"
 PREFIX_QUERIES = "vllm:prefix_cache_queries_total"
 PREFIX_HITS = "vllm:prefix_cache_hits_total"
 KV_USAGE = "vllm:kv_cache_usage_perc"
@@ -88,27 +90,41 @@ def acceptance(
     before: Mapping[MetricKey, float], after: Mapping[MetricKey, float], model: str | None = None
 ) -> dict[str, object]:
     """Speculative decoding over a window: mean acceptance length (1 + accepted / drafts) and
-    the acceptance rate per draft position (accepted at position / drafts). Values are None
-    ("n/a") when the server has no speculative counters or drafted nothing in the window."""
+    the acceptance rate per draft position: accepted at the position / the drafts that reached
+    it (DRAFTS_PER_POS; None where none did: not proposed is not rejected), or / every draft
+    from a vLLM without sparkserve's plugin (`acceptance_per_position_of` says which). Values
+    are None ("n/a") when the server has no speculative counters or drafted nothing."""
     drafts = delta(before, after, DRAFTS, model)
     accepted = delta(before, after, ACCEPTED, model)
     draft_tokens = delta(before, after, DRAFT_TOKENS, model)
     mean_len: float | None = None
-    per_pos: list[float] | None = None
+    per_pos: list[float | None] | None = None
+    reached_after = by_label(after, DRAFTS_PER_POS, "position", model)
+    reached_before = by_label(before, DRAFTS_PER_POS, "position", model)
     if drafts and accepted is not None:
         mean_len = 1.0 + accepted / drafts
         pos_after = by_label(after, ACCEPTED_PER_POS, "position", model)
         pos_before = by_label(before, ACCEPTED_PER_POS, "position", model)
-        if pos_after:
-            order = sorted(pos_after, key=lambda p: int(p) if p.isdigit() else p)
-            per_pos = [(pos_after[p] - pos_before.get(p, 0.0)) / drafts for p in order]
+        order = sorted(pos_after, key=lambda p: int(p) if p.isdigit() else p)
+        per_pos = [
+            per_position(
+                pos_after[p] - pos_before.get(p, 0.0),
+                reached_after.get(p, 0.0) - reached_before.get(p, 0.0) if reached_after else drafts,
+            )
+            for p in order
+        ] or None
     return {
         "drafts": drafts,
         "draft_tokens": draft_tokens,
         "accepted": accepted,
         "mean_acceptance_length": mean_len,
         "acceptance_per_position": per_pos,
+        "acceptance_per_position_of": "drafts that reached it" if reached_after else "all drafts",
     }
+
+
+def per_position(accepted: float, reached: float) -> float | None:
+    return accepted / reached if reached else None
 
 
 def histogram_mean(

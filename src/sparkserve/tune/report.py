@@ -6,6 +6,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from sparkserve.bench.report import nan_for_none
+
 COLOURS = {"PASS": "#2a9d4b", "FAIL": "#c0392b", "REFUSED": "#999999", "NO-START": "#e08e0b"}
 
 
@@ -63,7 +65,8 @@ def plot_draft(result: dict[str, Any], path: Path) -> None:
     for r in rows:
         per_pos = r["spec"]["acceptance_per_position"]
         if per_pos:
-            accept.plot(range(1, len(per_pos) + 1), per_pos, marker=".", label=f"k={r['length']}")
+            accept.plot(range(1, len(per_pos) + 1), nan_for_none(per_pos), marker=".",
+                        label=f"k={r['length']}")  # fmt: skip
     accept.set_xlabel("draft position")
     accept.set_ylabel("accepted / drafts")
     accept.set_ylim(0, 1.05)
