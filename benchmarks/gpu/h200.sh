@@ -95,11 +95,16 @@ gpu_tests() {
     python3 -m pytest -p no:cacheprovider -q tests/lmhead)
 }
 
+# the GPU, its memory and driver, printed and kept in OUT/gpu.txt
+gpu_line() {
+  nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$1/gpu.txt"
+}
+
 starts() {
   local cases="$1" out="${OUT:?h200.sh: OUT names the folder whose files come back}"
   install
   host_env
-  nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "${out}/gpu.txt"
+  gpu_line "${out}"
   python3 - <<'PY' | tee "${out}/stack.txt"
 from importlib.metadata import entry_points, version
 import torch, triton, vllm
@@ -128,7 +133,7 @@ selftest() {
   local cases="$1" out="${OUT:?h200.sh: OUT names the folder whose files come back}"
   install
   host_env
-  nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "${out}/gpu.txt"
+  gpu_line "${out}"
   echo "before: $(cache_files)" | tee "${out}/caches.txt"
   # one call may run 600 s: SIGINT before that stops the servers and keeps each finished
   # case's JSON; the folder travels as one file (a call brings back 8 files at most)

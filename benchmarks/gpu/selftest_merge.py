@@ -50,7 +50,7 @@ def main() -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "selftest.json").write_text(json.dumps(merged, indent=1, default=str) + "\n")
     print(run.table(results))
-    failed = [f"{case}: {r.name}" for case, rs in results.items() for r in rs if r.ok is False]
+    failed = run.failed_checks(results)
     print(f"failed: {'; '.join(failed) or 'none'}", file=sys.stderr)
     return 1 if failed else 0
 

@@ -230,9 +230,8 @@ HIT_UNIT = re.compile(r"kv lcm block sizes (\d+)")
 
 def hit_unit(log: str, block: int) -> tuple[int, str]:
     """The tokens a prefix hit comes in: `block` (vllm:cache_config_info's), or the least
-    common multiple of the KV cache groups' blocks where vLLM logged one above it (a drafter
-    whose layers store fewer bytes per token gets a longer block for the same page), with the
-    groups' blocks in words."""
+    common multiple of the KV cache groups' blocks where vLLM logged one above it (a DFlash
+    drafter's on the Spark geometry: docs/SELFTEST.md), with the groups' blocks in words."""
     unit = HIT_UNIT.search(log)
     if not unit or int(unit.group(1)) <= block:
         return block, ""

@@ -153,11 +153,23 @@ def write_tokenizer(directory: Path, vocab: int) -> None:
     (directory / "tokenizer_config.json").write_text(json.dumps(config, indent=1))
 
 
-def write_models(root: Path, name: str, layers: int | None) -> Models:
-    """The geometry `name` (TINY or a recipe) under root/target and root/drafter."""
+def configs(name: str, layers: int | None) -> tuple[dict[str, Any], dict[str, Any] | None, int]:
+    """The geometry `name` (TINY or a recipe) with `layers` layers (all: None): the target's and
+    the drafter's config.json, and the geometry's own layer count. GeometryError before any
+    file is written."""
     target, drafter = geometry(name)
     full = int(target["num_hidden_layers"])
-    target, drafter = fewer_layers(target, drafter, layers or full)
+    return (*fewer_layers(target, drafter, layers or full), full)
+
+
+def write_models(root: Path, name: str, layers: int | None) -> Models:
+    """The geometry `name` (TINY or a recipe) under root/target and root/drafter."""
+    return write_configs(root, *configs(name, layers))
+
+
+def write_configs(
+    root: Path, target: dict[str, Any], drafter: dict[str, Any] | None, full: int
+) -> Models:
     target_dir = root / "target"
     target_dir.mkdir(parents=True, exist_ok=True)
     (target_dir / "config.json").write_text(json.dumps(target, indent=1))
@@ -197,12 +209,11 @@ def keep_models(home: Path, name: str, layers: int | None) -> Models:
     """`write_models` into `home`, whole or not at all: written beside it first, then left
     alone when `home` already holds the same files (a selftest may be serving them), else
     moved into its place."""
-    target, drafter = geometry(name)
-    fewer_layers(target, drafter, layers or int(target["num_hidden_layers"]))  # before any write
+    written = configs(name, layers)  # refused before anything is written
     home.parent.mkdir(parents=True, exist_ok=True)
     fresh = Path(tempfile.mkdtemp(prefix=f".{home.name}-", dir=home.parent))
     try:
-        models = write_models(fresh, name, layers)
+        models = write_configs(fresh, *written)
         if home.is_dir() and same_files(fresh, home):
             shutil.rmtree(fresh)
         else:

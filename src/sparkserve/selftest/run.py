@@ -122,6 +122,11 @@ def compare(results: dict[str, list[checks.Result]]) -> dict[str, checks.Result]
     return out
 
 
+def failed_checks(results: dict[str, list[checks.Result]]) -> list[str]:
+    """`case: check` for each check that failed (a reported one is not a failure)."""
+    return [f"{case}: {r.name}" for case, rs in results.items() for r in rs if r.ok is False]
+
+
 def table(results: dict[str, list[checks.Result]]) -> str:
     rows = ["| case | check | result | detail |", "| --- | --- | --- | --- |"]
     for case, case_results in results.items():
@@ -191,7 +196,7 @@ def run(args: argparse.Namespace) -> int:
         say(f"{case}: {result.name}: {mark(result.ok)} {result.detail}")
     write_json(out, geometry, models, cuda, results)
     print(table(results))
-    failed = [f"{case}: {r.name}" for case, rs in results.items() for r in rs if r.ok is False]
+    failed = failed_checks(results)
     if failed:
         print(f"sparkserve selftest: FAILED: {'; '.join(failed)} (logs in {out})", file=sys.stderr)
         return 1
