@@ -16,11 +16,11 @@ import psutil
 import pytest
 
 from sparkserve.guard import Limits, SwapRate, check, check_reason, next_wait
-from sparkserve.guard_keeper import RESTARTS
+from sparkserve.guard_keeper import HUNG_AFTER_S, RESTARTS
 from sparkserve.guard_textfile import GuardState, render
 from sparkserve.memory.host import GIB, read_meminfo
 from support.memory_cgroup import memory_cgroup
-from support.promises import GUARD_REACTION_S, GUARD_RESTART_S
+from support.promises import GUARD_HUNG_S, GUARD_REACTION_S, GUARD_RESTART_S
 from support.vllm_server import metric_sum, parse_metrics
 
 REPO = Path(__file__).resolve().parents[1]
@@ -254,6 +254,40 @@ def test_a_killed_guard_is_replaced_and_one_that_keeps_dying_stops_vllm(tmp_path
     assert "exited after SIGTERM" in log
     state = parse_metrics(state_file.read_text())
     assert metric_sum(state, "sparkserve_guard_watching") == 0  # it says nothing watches
+
+
+def test_a_hung_guard_is_killed_and_replaced(tmp_path: Path) -> None:
+    """A guard that is alive but takes no readings (here SIGSTOPped: as one stuck in a read
+    or starved) protects nothing: its keeper kills it after HUNG_AFTER_S and a new guard is
+    watching within the promised bound; vLLM runs on."""
+    env, _ = fake_vllm(tmp_path)
+    (tmp_path / "bin" / "vllm").write_text("#!/bin/sh\nexec sleep 300\n")
+    state_file = tmp_path / "hf" / "sparkserve" / "metrics" / "guard.prom"
+    launcher = subprocess.Popen(
+        [str(REPO / "serve.sh")], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+        text=True,
+    )  # fmt: skip
+    served = psutil.Process(launcher.pid)
+    try:
+        _wait_watching(state_file, 0.0, time.monotonic() + HANG_S)
+        (keeper,) = [p for p in served.children() if "sparkserve.guard_keeper" in p.cmdline()]
+        hung = _guard_of(keeper, None)
+        assert hung is not None
+        stopped_at = time.time()
+        hung.send_signal(signal.SIGSTOP)
+        replaced = _wait_watching(state_file, stopped_at, time.monotonic() + HANG_S) - stopped_at
+        new = _guard_of(keeper, hung.pid)
+        assert new is not None and not hung.is_running()
+        assert launcher.poll() is None and "sleep" in [p.name() for p in served.children()]
+    finally:
+        launcher.kill()
+        launcher.wait()
+    log = launcher.stderr.read() if launcher.stderr else ""
+    print(f"guard SIGSTOP to a new guard's state: {replaced:.2f} s")
+    # not before the hang bound (a stopped guard writes nothing), and within the promise
+    assert HUNG_AFTER_S <= replaced < GUARD_HUNG_S, (replaced, log)
+    assert f"(pid {hung.pid}) took no reading for {HUNG_AFTER_S:.0f} s (hung) and was killed " \
+           "while vLLM" in log, log  # fmt: skip
 
 
 # ---------------------------------------------------------------- a fast hog

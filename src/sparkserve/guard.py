@@ -175,6 +175,28 @@ def write_marker(path: Path | None, trip: Trip, pid: int) -> None:
         log(f"wrote {path}; the next start refuses until GUARD_RESUME=1 (docs/MEMORY.md)")
 
 
+class Beat:
+    """One byte down the keeper's pipe at each reading: the keeper's proof that this guard
+    still samples (guard_keeper.py). Closed before a stop, which may take the grace: the
+    keeper then waits for the exit instead of judging silence."""
+
+    def __init__(self, fd: int | None) -> None:
+        self.fd = fd
+        if fd is not None:
+            os.set_blocking(fd, False)  # a full pipe must never stall a reading
+
+    def __call__(self) -> None:
+        if self.fd is not None:
+            with contextlib.suppress(BlockingIOError, BrokenPipeError):
+                os.write(self.fd, b".")
+
+    def close(self) -> None:
+        if self.fd is not None:
+            with contextlib.suppress(OSError):
+                os.close(self.fd)
+            self.fd = None
+
+
 def _die_with_parent(pid: int) -> None:
     """Ask the kernel to SIGTERM us when our parent (the watched process) dies."""
     if os.getppid() == pid and not sigterm_when_parent_dies(pid):
@@ -189,11 +211,14 @@ def watch(
     marker: Path | None,
     textfile_dir: Path | None = None,
     os_reserve_bytes: int = 0,
+    beat_fd: int | None = None,
 ) -> int:
     state = state_of(limits, os_reserve_bytes)
+    beat = Beat(beat_fd)
     try:
-        return _watch(pid, limits, interval_s, grace_s, marker, textfile_dir, state)
+        return _watch(pid, limits, interval_s, grace_s, marker, textfile_dir, state, beat)
     finally:
+        beat.close()
         state.watching = False
         guard_textfile.write(textfile_dir, state)
 
@@ -206,6 +231,7 @@ def _watch(
     marker: Path | None,
     textfile_dir: Path | None,
     state: guard_textfile.GuardState,
+    beat: Beat,
 ) -> int:
     tree = Tree(pid)
     if not tree.top_alive():
@@ -228,6 +254,7 @@ def _watch(
     last: tuple[float, int] | None = None
     written = 0.0
     while tree.top_alive():
+        beat()
         mem = read_meminfo()
         now = time.monotonic()
         swap_rate = rate.add(now, read_swap_traffic().swapped_out)
@@ -256,6 +283,7 @@ def _watch(
             state.tripped, state.trip_time = rule, trip.at
             guard_textfile.write(textfile_dir, state)
             signal.signal(signal.SIGTERM, signal.SIG_IGN)  # our parent's death is expected now
+            beat.close()
             how = stop(tree, grace_s)
             log(f"vLLM (pid {pid}) {how}")
             return EXIT_STOPPED
@@ -301,6 +329,12 @@ def configure(parser: argparse.ArgumentParser) -> None:
         help="stop when PSI memory 'full' avg10 reaches this many percent (0: off)",
     )
     add("--interval-s", type=ranged(float, "--interval-s", 0.05, 10), default=0.2)
+    add(
+        "--beat-fd",
+        type=int,
+        default=None,
+        help="write one byte to this file descriptor at each reading (the keeper's hang check)",
+    )
     add(
         "--grace-s",
         type=ranged(float, "--grace-s", 0, 600),
@@ -350,7 +384,7 @@ def state_of(limits: Limits, os_reserve_bytes: int) -> guard_textfile.GuardState
 def run(args: argparse.Namespace) -> int:
     return watch(
         args.pid, limits_of(args), args.interval_s, args.grace_s, args.marker,
-        args.textfile_dir, int(args.os_reserve_gb * GIB),
+        args.textfile_dir, int(args.os_reserve_gb * GIB), args.beat_fd,
     )  # fmt: skip
 
 

@@ -201,11 +201,12 @@ def test_2_a_killed_worker_stops_the_head_within_the_bound(project: ComposeProje
     finished = docker_time(project.state(HEAD)["FinishedAt"]).timestamp()
     TIMINGS["worker_killed_to_head_exit_s"] = finished - killed_at
     assert 0 < finished - killed_at <= BOUND_S, (TIMINGS, project.logs(HEAD)[-4000:])
-    # the head's watch names the worker: from its bye when the worker's watch saw its vLLM
-    # go first, from the closed connection when the worker's container ended first (a race
-    # between the two, decided by the load: CI, 2026-12-04)
+    # the head's watch names the worker in one of three ways, decided by the load (all three
+    # seen in CI, 2026-12-04): from its bye when the worker's watch saw its vLLM go first;
+    # from the closed connection when the worker's container ended first; from a reset when
+    # the container ended with the head's beats unread in its socket
     named = re.search(rf"node 1 \({re.escape(WORKER_ADDR)}\): (vLLM exited|the peer closed the "
-                      r"connection)", project.logs(HEAD))  # fmt: skip
+                      r"connection|the connection broke)", project.logs(HEAD))  # fmt: skip
     assert named, project.logs(HEAD)[-4000:]
     REACHED.add("stopped")
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+from sparkserve import guard_keeper
 from sparkserve.cluster import wire
 
 REPO = Path(__file__).resolve().parents[2]
@@ -19,6 +20,10 @@ GUARD_REACTION_S = 2.0
 # new one writes its state within 5 s (a Python start on a busy host), and at its 4th death in
 # 10 minutes the keeper stops vLLM within 5 s instead.
 GUARD_RESTART_S = 5.0
+
+# docs/MEMORY.md ("A guard that dies"): a guard alive but taking no readings is killed by its
+# keeper after HUNG_AFTER_S and replaced as a dead one is.
+GUARD_HUNG_S = guard_keeper.HUNG_AFTER_S + GUARD_RESTART_S
 
 
 def compose_stop_grace_s() -> float:
