@@ -1,11 +1,14 @@
-"""How fast the guard keeper answers a guard killed with SIGKILL: a new guard, then a stop.
+"""How fast the guard keeper answers a hung guard and a guard killed with SIGKILL: a new guard,
+then a stop.
 
 The keeper (`python -m sparkserve.guard_keeper`, as the launchers start it) guards a sleeping
-process with the floor far under MemAvailable. Per run: the guard is killed with SIGKILL as
-many times as the keeper restarts it (RESTARTS), each time after the new guard wrote its state
-file; the time from each SIGKILL to the new guard's first write of `watching 1`; then one kill
-more, and the time from that SIGKILL to the guarded process's exit (the keeper's stop); and the
-resident memory of the keeper and of a guard. Standard library, psutil and sparkserve:
+process with the floor far under MemAvailable. Per run: the keeper's CPU over IDLE_S with a
+healthy guard; the guard SIGSTOPped (hung: alive, taking no readings) and the time to the new
+guard's first write of `watching 1`; then the guard killed with SIGKILL until the keeper's
+restarts are spent (each time after the new guard wrote its state file) and the time from each
+SIGKILL to the new guard's state; then one kill more, and the time from that SIGKILL to the
+guarded process's exit (the keeper's stop); and the resident memory of the keeper and of a
+guard. Standard library, psutil and sparkserve:
 
     PYTHONPATH=src python3 benchmarks/guard_restart.py --runs 3 --json guard-restart.json
 
@@ -30,10 +33,11 @@ from guard_cost import rss_mib
 
 from sparkserve.guard_keeper import RESTARTS
 
-COLUMNS = ("run", "restarts_s", "max_restart_s", "stop_s", "keeper_rss_mib", "guard_rss_mib",
-           "load_1m")  # fmt: skip
+COLUMNS = ("run", "hung_s", "restarts_s", "max_restart_s", "stop_s", "keeper_cpu_pct",
+           "keeper_rss_mib", "guard_rss_mib", "load_1m")  # fmt: skip
 SRC = Path(__file__).resolve().parents[1] / "src"
 HANG_S = 60.0
+IDLE_S = 20.0
 
 
 def state_written(path: Path, since: float) -> float | None:
@@ -77,8 +81,15 @@ def run_once(number: int) -> dict[str, object]:
             keeper = psutil.Process(keeper_proc.pid)
             guard = the_guard(keeper, 0)
             keeper_rss, guard_rss = rss_mib(keeper.pid), rss_mib(guard.pid)
+            before = sum(keeper.cpu_times()[:2])
+            time.sleep(IDLE_S)
+            keeper_cpu_pct = round(100 * (sum(keeper.cpu_times()[:2]) - before) / IDLE_S, 3)
+            stopped_at = time.time()
+            guard.send_signal(signal.SIGSTOP)
+            hung_s = round(wait_written(state, stopped_at) - stopped_at, 3)
+            guard = the_guard(keeper, guard.pid)
             restarts = []
-            for _ in range(RESTARTS):
+            for _ in range(RESTARTS - 1):  # the hung guard was the first death
                 killed = time.time()
                 guard.send_signal(signal.SIGKILL)
                 restarts.append(round(wait_written(state, killed) - killed, 3))
@@ -94,8 +105,9 @@ def run_once(number: int) -> dict[str, object]:
             keeper_proc.kill()
             keeper_proc.wait()
     return {
-        "run": number, "restarts_s": ", ".join(f"{s:.2f}" for s in restarts),
-        "max_restart_s": max(restarts), "stop_s": stop_s, "keeper_rss_mib": keeper_rss,
+        "run": number, "hung_s": hung_s, "restarts_s": ", ".join(f"{s:.2f}" for s in restarts),
+        "max_restart_s": max(restarts), "stop_s": stop_s, "keeper_cpu_pct": keeper_cpu_pct,
+        "keeper_rss_mib": keeper_rss,
         "guard_rss_mib": guard_rss, "load_1m": round(os.getloadavg()[0], 2),
         "stopped_by_sigterm": stopped,
     }  # fmt: skip

@@ -280,7 +280,9 @@ def test_a_hung_guard_is_killed_and_replaced(tmp_path: Path) -> None:
         assert new is not None and not hung.is_running()
         assert launcher.poll() is None and "sleep" in [p.name() for p in served.children()]
     finally:
-        launcher.kill()
+        for process in [*served.children(recursive=True), served]:  # they hold its stderr
+            with contextlib.suppress(psutil.NoSuchProcess):
+                process.kill()
         launcher.wait()
     log = launcher.stderr.read() if launcher.stderr else ""
     print(f"guard SIGSTOP to a new guard's state: {replaced:.2f} s")
