@@ -28,6 +28,7 @@ CASES: dict[str, tuple[str, dict[str, str], dict[str, object]]] = {
         "max_model_len": 262144, "max_num_seqs": 3, "max_num_batched_tokens": 8192,
         "gpu_memory_utilization": 0.82, "draft_architecture": "DFlashDraftModel",
         "tool_call_parser": "qwen3_xml", "reasoning_parser": "qwen3",
+        "default_chat_template_kwargs": None,
         "shutdown_timeout": 50, "middleware": ["sparkserve.access.RequireKeyThenDrain"],
     }),
     "dflash-no-prefix-cache": ("dflash", {"PREFIX_CACHE": "0"}, {
@@ -48,6 +49,9 @@ CASES: dict[str, tuple[str, dict[str, str], dict[str, object]]] = {
         "dflash", {"NUM_SPEC_TOKENS": "0", "TOOL_PARSER": "", "REASONING_PARSER": ""},
         {"speculative_method": None, "tool_call_parser": None, "reasoning_parser": ""},
     ),
+    "dflash-thinking-off": ("dflash", {"THINKING": "0"}, {
+        "reasoning_parser": "qwen3", "default_chat_template_kwargs": {"enable_thinking": False},
+    }),
     "mtp-defaults": ("mtp", {}, {
         "speculative_method": "mtp", "num_speculative_tokens": 2,
         "enable_prefix_caching": True, "mamba_cache_mode": "align", "max_num_seqs": 3,

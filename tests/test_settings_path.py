@@ -61,7 +61,7 @@ OTHER = {
     "SPARK_LMHEAD_CALIBRATE": "off", "HF_HOME": "/cache", "API_KEY": "k3y",
     "NUM_SPEC_TOKENS": "4", "DRAFT_MODEL": "org/other-drafter",
     "DRAFT_ATTENTION_BACKEND": "FLEX_ATTENTION", "SHUTDOWN_TIMEOUT_S": "20",
-    "METRICS_OPEN": "1", "MAX_REQUEST_MB": "64",
+    "METRICS_OPEN": "1", "MAX_REQUEST_MB": "64", "THINKING": "0",
 }  # fmt: skip
 MODES = ("unset", "default", "other")
 
@@ -91,6 +91,10 @@ def shown(argv: tuple[str, ...], env: dict[str, str], name: str) -> str | None:
         return argv[argv.index(flag) + 1] if flag in argv else None
     if name == "PREFIX_CACHE":
         return "1" if "--enable-prefix-caching" in argv else "0"
+    if name == "THINKING":
+        flag = "--default-chat-template-kwargs"
+        kwargs = json.loads(argv[argv.index(flag) + 1]) if flag in argv else {}
+        return "0" if kwargs.get("enable_thinking") is False else "1"
     if "--speculative-config" not in argv:
         return None
     value = json.loads(argv[argv.index("--speculative-config") + 1]).get(SPECULATIVE[name])
@@ -138,7 +142,7 @@ def test_every_knob_reaches_vllm_unset_at_its_default_and_set_as_set(
     launcher: Launcher, image: Image, recipe: recipes.Recipe | None
 ) -> None:
     base = {IMAGE_ENV: image, **({"RECIPE": recipe.name} if recipe else {})}
-    for name in [*FLAGS, *ENV, "KV_CACHE_GB", "PREFIX_CACHE", *SPECULATIVE]:
+    for name in [*FLAGS, *ENV, "KV_CACHE_GB", "PREFIX_CACHE", "THINKING", *SPECULATIVE]:
         knob = BY_NAME[name]
         if launcher not in knob.launchers:
             continue

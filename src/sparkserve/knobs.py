@@ -190,7 +190,14 @@ KNOBS: tuple[Knob, ...] = (
              "Qwen3.5 writes XML tool calls, Qwen3 (the cpu image's model) Hermes-style JSON."),
     Knob("REASONING_PARSER", "text", "qwen3", group="model", pattern=r"[a-z0-9_]+",
          empty_ok=True,
-         why="Splits the model's thinking from its answer; empty disables."),
+         why="Splits the model's thinking from its answer; empty disables. With thinking on, "
+             "qwen3 files everything before </think> as reasoning: a model that writes no "
+             "</think> gets content null (set THINKING=0, or empty this)."),
+    Knob("THINKING", "bool", "1", group="model",
+         why="1: the model thinks first (its chat template's default). 0 makes "
+             "enable_thinking false the server's default chat template argument (a request's "
+             "chat_template_kwargs still wins): answers without thinking, and the whole reply "
+             "in content for a model that writes no <think>."),
     # Memory
     Knob("GPU_MEM", "float", "0.82", minimum=0.1, maximum=0.95, group="memory",
          cpu_default="0.5",

@@ -21,6 +21,9 @@ from sparkserve.workarounds import WORKAROUNDS
 SECRET_ENV = ("VLLM_API_KEY", "HF_TOKEN")
 ACCESS_MIDDLEWARE = "sparkserve.access.RequireKey"
 ACCESS_THEN_DRAIN = "sparkserve.access.RequireKeyThenDrain"
+# THINKING=0: the chat template renders no thinking and vLLM's reasoning parsers start in the
+# answer (the same switch a request's chat_template_kwargs turns).
+NO_THINKING = {"enable_thinking": False}
 
 
 @dataclass(frozen=True)
@@ -187,6 +190,8 @@ def vllm_command(
         argv += ["--enable-auto-tool-choice", "--tool-call-parser", settings["TOOL_PARSER"]]
     if settings["REASONING_PARSER"]:
         argv += ["--reasoning-parser", settings["REASONING_PARSER"]]
+    if not settings.flag("THINKING"):
+        argv += ["--default-chat-template-kwargs", json.dumps(NO_THINKING)]
     argv += drain_args(settings)
     notes: list[str] = []
     speculative_fields: dict[str, object] = {}

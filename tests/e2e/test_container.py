@@ -555,8 +555,10 @@ def test_4_guard_resume_is_used_once_and_the_cache_serves_the_second_start(
 
 def test_5_a_plain_qwen3_target_serves_with_prefix_caching(project: ComposeProject) -> None:
     """The cpu image's defaults (no drafter) on the default's own architecture: the Mamba
-    align flag follows the target's config, so a plain model's first requests do not kill it."""
-    project.write_env(**PLAIN_SERVING)
+    align flag follows the target's config, so a plain model's first requests do not kill it.
+    THINKING=0 with the default reasoning parser: random weights write no <think>, and the
+    reply is content, not reasoning."""
+    project.write_env(**PLAIN_SERVING, THINKING="0")
     project.unset_env("DRAFT_MODEL", "NUM_SPEC_TOKENS", "TOOL_PARSER", "REASONING_PARSER")
     started = time.monotonic()
     project.up(SERVICE, wait_s=HEALTHY_TIMEOUT_S)
@@ -579,6 +581,12 @@ def test_5_a_plain_qwen3_target_serves_with_prefix_caching(project: ComposeProje
         before, "vllm:prefix_cache_hits_total"
     )
     assert hits >= 256, f"the repeated prompt hit {hits} cached tokens"
+    chat = client.chat.completions.create(
+        model="tiny", messages=[{"role": "user", "content": "Hello"}], max_tokens=8,
+        temperature=0,
+    )  # fmt: skip
+    message = chat.choices[0].message
+    assert message.content and not getattr(message, "reasoning", None), message
     assert project.state(SERVICE)["Health"]["Status"] == "healthy"
     assert project.restarts(SERVICE) == 0  # left serving for the tests after this one
 

@@ -39,6 +39,7 @@ def facts(argv: list[str]) -> dict:
         ),
         "tool_call_parser": getattr(args, "tool_call_parser", None),
         "reasoning_parser": getattr(config.structured_outputs_config, "reasoning_parser", None),
+        "default_chat_template_kwargs": getattr(args, "default_chat_template_kwargs", None),
         "tensor_parallel_size": config.parallel_config.tensor_parallel_size,
         "pipeline_parallel_size": config.parallel_config.pipeline_parallel_size,
         "nnodes": config.parallel_config.nnodes,
