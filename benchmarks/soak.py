@@ -13,6 +13,10 @@ memory sample) and a PNG, and judges:
 - no RSS growth: the median of the last fifth of the samples is at most
   max(`--growth-mib`, `--growth-pct` of the first fifth's median) above the first fifth's.
 
+Every `--smaps-s` it also reads the model worker's mappings (benchmarks/smaps.py): its Rss per
+kind of memory over the run, and the mappings that grew most from the first reading to the last,
+in the JSON and printed: where a growth lies.
+
 Needs the CPU serving venv and the test support modules, like the suite:
 
     SPARKSERVE_CPU_PYTHON=.../venv-cpu-serve-*/bin/python PYTHONPATH=src:tests \\
@@ -24,13 +28,18 @@ Exit 1 when a judgement fails.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import subprocess
 import sys
 import tempfile
+import threading
+import time
 from pathlib import Path
 from typing import Any
 
+import psutil
+import smaps
 from bench_record import record_runs
 
 from sparkserve.client.server import Server
@@ -74,6 +83,41 @@ def judge(data: dict[str, Any], guard: dict[str, Any], args: argparse.Namespace)
         if rss["grew"]:
             failed.append(f"{name} grew {rss['growth_mib']} MiB (bound {bound:.1f})")
     return failed
+
+
+class WorkerMaps:
+    """Reads the model worker's mappings every `every_s` until stopped (a thread)."""
+
+    def __init__(self, server_pid: int, every_s: float) -> None:
+        self.server_pid, self.every_s = server_pid, every_s
+        self.stopped = threading.Event()
+        self.started = time.monotonic()
+        self.first: dict[str, smaps.Mapping] = {}
+        self.last: dict[str, smaps.Mapping] = {}
+        self.kinds: list[dict[str, float]] = []
+        self.thread = threading.Thread(target=self.run, daemon=True)
+
+    def worker_pid(self) -> int | None:
+        with contextlib.suppress(psutil.Error):
+            for proc in psutil.Process(self.server_pid).children(recursive=True):
+                if "Worker" in proc.name():
+                    return proc.pid
+        return None
+
+    def run(self) -> None:
+        while True:
+            pid = self.worker_pid()
+            mappings = smaps.snapshot(pid) if pid else {}
+            if mappings:
+                self.first = self.first or mappings
+                self.last = mappings
+                t = round(time.monotonic() - self.started, 1)
+                self.kinds.append({"t": t} | smaps.by_kind(mappings))
+            if self.stopped.wait(self.every_s):
+                return
+
+    def report(self) -> dict[str, Any]:
+        return {"rss_by_kind_mib": self.kinds, "grown": smaps.grown(self.first, self.last)}
 
 
 def plot(result: SoakResult, out: Path, title: str) -> None:
@@ -122,6 +166,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sample-s", type=float, default=1.0, help="memory sampling period")
     parser.add_argument("--growth-mib", type=float, default=64.0)
     parser.add_argument("--growth-pct", type=float, default=3.0)
+    parser.add_argument("--smaps-s", type=float, default=60.0, help="worker mappings period")
     parser.add_argument("--json", type=Path, help="write the run here")
     parser.add_argument("--png", type=Path, help="draw the run here")
     args = parser.parse_args(argv)
@@ -144,7 +189,11 @@ def main(argv: list[str] | None = None) -> int:
             print(f"soak: server ready in {ready:.0f} s; {plan.clients} clients (MAX_NUM_SEQS "
                   f"{seqs}) for {plan.duration_s:g} s", file=sys.stderr, flush=True)  # fmt: skip
             client = Server(server.base_url, timeout_s=args.request_timeout_s)
+            maps = WorkerMaps(server.proc.pid, args.smaps_s)
+            maps.thread.start()
             result = run_soak(client, MODEL_NAME, server.proc.pid, plan)
+            maps.stopped.set()
+            maps.thread.join()
             hf_home = server.env["HF_HOME"]
             guard = guard_state(hf_home) | {"marker_written": marker_path(hf_home).exists()}
             guard.pop("file")  # a temporary folder of this run
@@ -164,7 +213,8 @@ def main(argv: list[str] | None = None) -> int:
     settings = argparse.Namespace(**vars(args) | {"png": str(args.png) if args.png else None})
     record_runs("soak", settings, COLUMNS, rows)
     detail = {"summary": data, "guard": guard, "failed": failed, "clients": plan.clients,
-              "max_num_seqs": seqs, "ready_s": round(ready, 1)}  # fmt: skip
+              "max_num_seqs": seqs, "ready_s": round(ready, 1),
+              "worker_maps": maps.report()}  # fmt: skip
     if args.json:
         record = json.loads(args.json.read_text())
         record |= detail | {"requests": result.as_dict()["requests"],
@@ -176,6 +226,11 @@ def main(argv: list[str] | None = None) -> int:
     shown = ("outcomes", "vllm_rss", "api_server_rss", "engine_core_rss", "worker_rss",
              "guard_rss")  # fmt: skip
     print(json.dumps({k: data[k] for k in shown}))
+    kinds = detail["worker_maps"]["rss_by_kind_mib"]
+    if kinds:
+        print(f"worker Rss by kind, MiB: first {kinds[0]}; last {kinds[-1]}")
+    for row in detail["worker_maps"]["grown"]:
+        print(f"grew: {row}")
     print("PASS" if not failed else "FAIL: " + "; ".join(failed))
     return 0 if not failed else 1
 

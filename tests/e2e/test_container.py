@@ -98,6 +98,7 @@ from pathlib import Path
 
 import pytest
 
+from sparkserve.tune.driver import ComposeDriver
 from support.compose_project import (
     REPO,
     ComposeError,
@@ -522,12 +523,27 @@ def kill_vllm(project: ComposeProject, engine: bool = False) -> None:
 
 
 def test_4_guard_resume_is_used_once_and_the_cache_serves_the_second_start(
-    project: ComposeProject,
+    project: ComposeProject, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    project.write_env(GUARD_FLOOR_GB="", GUARD_RESUME="1")
+    """The resume as `sparkserve tune` makes it under compose: its driver reads test 3's record
+    on the named volume through the refusing container, and its next start resumes."""
+    project.write_env(GUARD_FLOOR_GB="")
+    project.up(SERVICE)
+    project.wait_for_log(SERVICE, GUARD_REFUSAL, 120)
+    for name, value in project.compose_env().items():
+        monkeypatch.setenv(name, value)
+    driver = ComposeDriver(SERVICE, f"http://127.0.0.1:{port_of(project)}", REPO,
+                           project.env_file)  # fmt: skip
+    hf_home = dict(item.split("=", 1) for item in project.inspect(SERVICE)["Config"]["Env"])
+    assert driver.guard_stop(hf_home["HF_HOME"], time.time()) is None  # older: not the tune's
+    reason = driver.guard_stop(hf_home["HF_HOME"], 0.0)
+    assert reason is not None and "floor" in reason, reason
     started = time.monotonic()
-    project.up(SERVICE, wait_s=HEALTHY_TIMEOUT_S)
+    driver.restart({}, HEALTHY_TIMEOUT_S)
     TIMINGS["up_to_healthy_warm_s"] = time.monotonic() - started
+    container_env = project.inspect(SERVICE)["Config"]["Env"]
+    assert "GUARD_RESUME=1" in container_env, container_env
+    project.write_env(GUARD_RESUME="1")  # what the container runs with, for the tests after
     assert_fetched_before_the_server_started(project)
     assert_healthy_by_dockers_schedule(project)
     log = project.logs(SERVICE)

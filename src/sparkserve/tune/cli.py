@@ -377,13 +377,14 @@ def _memory(args: argparse.Namespace, env: Mapping[str, str]) -> int:
     startable = sum(1 for c in candidates if c.refused is None)
     say(estimate_line(startable, default_restart, args.stress_s, "a stress run"))
     restarts = Restarts(driver, knob, start_value, args.healthy_timeout_s, say)
-    # The guard's stop record, where the server writes it: a path of this host only for the
-    # launcher driver (a container keeps it on the model volume, out of the tune's reach).
+    # The guard's stop record: the stress run judges it only where it is a path of this host
+    # (the launcher driver); the driver reads it either way (a container's through Docker).
     record = marker_path(served["HF_HOME"]) if args.driver == "launcher" else None
     out.mkdir(parents=True, exist_ok=True)
     trials, kept = run_memory_loop(
         restarts, candidates, _stress(args, env, server.url, info.model, reserve, record), out,
-        record, args.stress_s, default_restart, say,
+        lambda since: driver.guard_stop(served["HF_HOME"], since), args.stress_s,
+        default_restart, say,
     )  # fmt: skip
     result = {
         "tool": "sparkserve tune memory", "version": __version__,

@@ -10,10 +10,12 @@ SPARK_LMHEAD_CALIBRATE to vLLM (vllm_command.vllm_env), the images set SPARKSERV
 from __future__ import annotations
 
 import contextlib
+import io
 import json
 import os
 import signal
 import subprocess
+import tarfile
 import time
 import urllib.error
 import urllib.request
@@ -23,6 +25,7 @@ from pathlib import Path
 from typing import Protocol
 
 from sparkserve.command_line import UsageError
+from sparkserve.guard import marker_path
 from sparkserve.knobs import stop_grace_s
 
 LAUNCHER_MARK = "SPARK_LMHEAD_CALIBRATE"  # in the environment of every launcher-started vLLM
@@ -48,6 +51,22 @@ class Driver(Protocol):
         """Restart the server with `changes` over its knobs; the seconds it took to be healthy;
         RestartFailed when it did not get there."""
         ...
+
+    def guard_stop(self, hf_home: str, since_epoch: float) -> str | None:
+        """The reason of a memory guard stop the server recorded after `since_epoch` (under
+        `hf_home`, as the server sees it), made so that it does not block the next restart:
+        that stop was the candidate's failure. An older record is not the tune's to clear."""
+        ...
+
+
+def recorded_after(text: str, since_epoch: float) -> str | None:
+    """The reason in a guard record's text when the stop came after `since_epoch`."""
+    try:
+        found = json.loads(text)
+        at = float(found["at"])
+    except (ValueError, KeyError, TypeError):
+        return None
+    return str(found.get("reason", "no reason recorded")) if at >= since_epoch else None
 
 
 def wait_healthy(url: str, timeout_s: float, alive: object = None) -> None:
@@ -184,6 +203,17 @@ class LauncherDriver:
         wait_healthy(self.url, timeout_s, alive=lambda: proc.poll() is None)
         return time.monotonic() - started
 
+    def guard_stop(self, hf_home: str, since_epoch: float) -> str | None:
+        """The record is a file of this host: read, and removed when it is the candidate's."""
+        record = marker_path(hf_home)
+        try:
+            reason = recorded_after(record.read_text(), since_epoch)
+        except OSError:
+            return None
+        if reason is not None:
+            record.unlink(missing_ok=True)
+        return reason
+
 
 @dataclass
 class ComposeDriver:
@@ -197,6 +227,9 @@ class ComposeDriver:
     env_file: Path | None
     docker: str = "docker"
     _env: dict[str, str] = field(default_factory=dict, init=False)
+    # A guard stop seen on the model volume: the next start clears its record (GUARD_RESUME=1,
+    # the launcher's own way), as a named volume is out of this host's reach.
+    _resume: bool = field(default=False, init=False)
 
     def _compose(
         self, *args: str, env: Mapping[str, str] | None = None, timeout: float = 60
@@ -245,13 +278,36 @@ class ComposeDriver:
 
     def restart(self, changes: Mapping[str, str], timeout_s: float) -> float:
         started = time.monotonic()
+        resume = {"GUARD_RESUME": "1"} if self._resume else {}
         done = self._compose(
             "up", "-d", "--force-recreate", "--wait", "--wait-timeout", str(int(timeout_s)),
-            self.service, env={**os.environ, **changes}, timeout=timeout_s + 60,
+            self.service, env={**os.environ, **changes, **resume}, timeout=timeout_s + 60,
         )  # fmt: skip
         if done.returncode != 0:
             why = (done.stderr.strip().splitlines() or ["no output"])[-1]
             raise RestartFailed(f"docker compose up {self.service}: {why}")
+        self._resume = False
         self._env.update(changes)
         wait_healthy(self.url, 30)
         return time.monotonic() - started
+
+    def guard_stop(self, hf_home: str, since_epoch: float) -> str | None:
+        """The record lies on the service's model volume: read through its container (running
+        or not, `docker cp`); a stop of the candidate's makes the next restart resume."""
+        ids = self._compose("ps", "--all", "--quiet", self.service).stdout.split()
+        if not ids:
+            return None
+        done = subprocess.run(
+            [self.docker, "cp", f"{ids[0]}:{marker_path(hf_home)}", "-"],
+            capture_output=True, timeout=60,
+        )  # fmt: skip
+        if done.returncode != 0:  # no record there
+            return None
+        with tarfile.open(fileobj=io.BytesIO(done.stdout)) as tar:
+            member = tar.next()
+            data = tar.extractfile(member) if member is not None else None
+            text = data.read().decode(errors="replace") if data is not None else ""
+        reason = recorded_after(text, since_epoch)
+        if reason is not None:
+            self._resume = True
+        return reason

@@ -45,29 +45,12 @@ def _trial_from_stress(value: str, took: float, out: Path, code: int) -> Trial:
     )  # fmt: skip
 
 
-def clear_guard_stop(record: Path | None, since_epoch: float) -> str | None:
-    """The reason of a memory guard stop recorded after `since_epoch` (a candidate's start), the
-    record removed: that stop was the candidate's failure, and the launcher refuses to start
-    the next candidate while the record is there. An older record is not the tune's to clear."""
-    if record is None:
-        return None
-    try:
-        found = json.loads(record.read_text())
-        at = float(found["at"])
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
-    if at < since_epoch:
-        return None
-    record.unlink(missing_ok=True)
-    return str(found.get("reason", "no reason recorded"))
-
-
 def run_memory_loop(
     restarts: Restarts,
     candidates: Sequence[Candidate],
     stress: Callable[[Path], int],
     out: Path,
-    guard_record: Path | None,
+    guard_stop: Callable[[float], str | None],
     measure_s: float,
     default_restart_s: float,
     say: Callable[[str], None],
@@ -88,7 +71,7 @@ def run_memory_loop(
             try:
                 took = restarts.serve(candidate.value, f"candidate {index} of {len(candidates)}")
             except RestartFailed as exc:
-                stopped = clear_guard_stop(guard_record, since)
+                stopped = guard_stop(since)
                 line = str(exc) if stopped is None else f"the memory guard stopped it: {stopped}"
                 say(f"{label}: {line}")
                 trials.append(Trial(candidate.value, "NO-START", line))
@@ -100,7 +83,7 @@ def run_memory_loop(
             if code == EXIT_INTERRUPTED:
                 raise Interrupted("SIGINT")
             trial = _trial_from_stress(candidate.value, took, folder, code)
-            stopped = clear_guard_stop(guard_record, since)
+            stopped = guard_stop(since)
             if stopped is not None:
                 trial.verdict, trial.line = "FAIL", f"the memory guard stopped vLLM: {stopped}"
             trials.append(trial)
