@@ -2,10 +2,10 @@
 say which memory of vLLM's model worker grows (the KV pool's first touch, malloc's arenas, a
 library's data).
 
-A mapping is keyed by its address range and path; its kind is `file` (a path), `heap`
-(`[heap]`, malloc's main arena), `stack`, or `anon` (other anonymous memory: large tensors such
-as the KV pool, threads' malloc arenas, Python's arenas), with its size in `size_mib` so a
-mapping the size of the pool is recognisable.
+A mapping is keyed by its start address and path (a heap grows at its end); its kind is `file`
+(a path), `heap` (`[heap]`, malloc's main arena), `stack`, or `anon` (other anonymous memory:
+large tensors such as the KV pool, threads' malloc arenas, Python's arenas), with its size in
+`size_mib` so a mapping the size of the pool is recognisable.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ KIB_PER_MIB = 1024
 
 @dataclass(frozen=True)
 class Mapping:
-    key: str  # "start-end path"
+    key: str  # "start path"
     kind: str  # file, heap, stack, anon
     size_mib: float
     rss_mib: float
@@ -46,7 +46,7 @@ def snapshot(pid: int) -> dict[str, Mapping]:
         head = line.split(maxsplit=5)
         if "-" in head[0] and not head[0].endswith(":"):  # a mapping's first line
             path = head[5] if len(head) > 5 else ""
-            key, kind = f"{head[0]} {path}".strip(), kind_of(path)
+            key, kind = f"{head[0].split('-')[0]} {path}".strip(), kind_of(path)
         elif head[0] == "Size:":
             size = int(head[1]) / KIB_PER_MIB
         elif head[0] == "Rss:":

