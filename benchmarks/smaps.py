@@ -24,6 +24,14 @@ class Mapping:
     rss_mib: float
 
 
+def short(path: str) -> str:
+    """A file's name without the machine's folders: from site-packages on, else the base name."""
+    if not path.startswith("/"):
+        return path
+    _, found, rest = path.partition("site-packages/")
+    return rest if found else path.rsplit("/", 1)[-1]
+
+
 def kind_of(path: str) -> str:
     if path == "[heap]":
         return "heap"
@@ -46,7 +54,7 @@ def snapshot(pid: int) -> dict[str, Mapping]:
         head = line.split(maxsplit=5)
         if "-" in head[0] and not head[0].endswith(":"):  # a mapping's first line
             path = head[5] if len(head) > 5 else ""
-            key, kind = f"{head[0].split('-')[0]} {path}".strip(), kind_of(path)
+            key, kind = f"{head[0].split('-')[0]} {short(path)}".strip(), kind_of(path)
         elif head[0] == "Size:":
             size = int(head[1]) / KIB_PER_MIB
         elif head[0] == "Rss:":

@@ -98,6 +98,7 @@ from pathlib import Path
 
 import pytest
 
+from sparkserve.settings import resolve_settings
 from sparkserve.tune.driver import ComposeDriver
 from support.compose_project import (
     REPO,
@@ -534,15 +535,17 @@ def test_4_guard_resume_is_used_once_and_the_cache_serves_the_second_start(
         monkeypatch.setenv(name, value)
     driver = ComposeDriver(SERVICE, f"http://127.0.0.1:{port_of(project)}", REPO,
                            project.env_file)  # fmt: skip
-    hf_home = dict(item.split("=", 1) for item in project.inspect(SERVICE)["Config"]["Env"])
-    assert driver.guard_stop(hf_home["HF_HOME"], time.time()) is None  # older: not the tune's
-    reason = driver.guard_stop(hf_home["HF_HOME"], 0.0)
+    items = project.inspect(SERVICE)["Config"]["Env"]  # a knob passed empty is a bare name
+    container_env = dict(item.split("=", 1) for item in items if "=" in item)
+    hf_home = resolve_settings(container_env, "dflash")["HF_HOME"]  # as tune resolves it
+    assert driver.guard_stop(hf_home, time.time()) is None  # older: not the tune's
+    reason = driver.guard_stop(hf_home, 0.0)
     assert reason is not None and "floor" in reason, reason
     started = time.monotonic()
     driver.restart({}, HEALTHY_TIMEOUT_S)
     TIMINGS["up_to_healthy_warm_s"] = time.monotonic() - started
-    container_env = project.inspect(SERVICE)["Config"]["Env"]
-    assert "GUARD_RESUME=1" in container_env, container_env
+    recreated = project.inspect(SERVICE)["Config"]["Env"]
+    assert "GUARD_RESUME=1" in recreated, recreated
     project.write_env(GUARD_RESUME="1")  # what the container runs with, for the tests after
     assert_fetched_before_the_server_started(project)
     assert_healthy_by_dockers_schedule(project)
