@@ -14,6 +14,7 @@ import pytest
 
 from sparkserve.knobs import KNOBS, Knob
 from sparkserve.launcher_exports import main_resolve
+from sparkserve.lmhead import plugin
 from support.cpu_launch import LAUNCHERS
 from support.geometry import write_geometry_models
 
@@ -301,6 +302,17 @@ def test_dry_run_hides_secrets_and_keeps_the_compile_cache_on_the_volume() -> No
     assert "guard: 'python3' '-m' 'sparkserve.guard_keeper' '--pid'" in done.stdout
     quiet = run_launcher("mtp", launcher_env(DRY_RUN="1", GUARD="0"))
     assert quiet.returncode == 0 and "guard:" not in quiet.stdout
+
+
+@pytest.mark.parametrize(("launcher", "rows"), [("dflash", 3 * (12 + 1)), ("mtp", 3 * (2 + 1))])
+def test_the_int8_heads_fallback_rows_are_this_launchers(launcher: str, rows: int) -> None:
+    """Where vLLM's config has no scheduler settings, the head's plugin sizes for the rows the
+    launch exported: MAX_NUM_SEQS x (NUM_SPEC_TOKENS + 1) of this launcher, not serve.sh's."""
+    done = run_launcher(launcher, launcher_env(DRY_RUN="1"))
+    assert done.returncode == 0, done.stderr
+    (line,) = [x for x in done.stdout.splitlines() if x.startswith(f"env: {plugin.ROWS_ENV}=")]
+    exported = shlex.split(line.removeprefix(f"env: {plugin.ROWS_ENV}="))[0]
+    assert plugin.launcher_rows({plugin.ROWS_ENV: exported}) == rows, line
 
 
 def test_estimate_cudagraphs_can_be_restored() -> None:

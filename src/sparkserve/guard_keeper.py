@@ -70,6 +70,9 @@ def run_guard(argv: list[str], hung_after_s: float) -> tuple[int, int | None]:
             stdin=subprocess.DEVNULL,
             pass_fds=(beat_end,),
         )
+    except BaseException:
+        os.close(beats)
+        raise
     finally:
         os.close(beat_end)
     with open(beats, "rb", buffering=0) as pipe:

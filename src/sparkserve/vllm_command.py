@@ -139,6 +139,9 @@ def vllm_env(settings: Settings, host_ip: str) -> dict[str, str]:
         ],
         "SPARK_KEEP_BF16_LMHEAD": settings["SPARK_KEEP_BF16_LMHEAD"],
         "SPARK_LMHEAD_CALIBRATE": settings["SPARK_LMHEAD_CALIBRATE"],
+        # the rows the int8 head serves at most, for the plugin where vLLM's config has no
+        # scheduler settings (sparkserve.lmhead.plugin.max_rows): this launch's, not a default
+        "SPARKSERVE_LMHEAD_ROWS": str(settings.lmhead_rows),
         # read by the access middleware inside vLLM (sparkserve.access)
         "METRICS_OPEN": settings["METRICS_OPEN"],
         "MAX_REQUEST_MB": settings["MAX_REQUEST_MB"],

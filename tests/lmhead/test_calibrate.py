@@ -18,6 +18,8 @@ import torch
 from sparkserve.lmhead import calibrate, calibration_cache, int8_kernel, layout, plugin
 from sparkserve.lmhead.calibrate import BF16, HeadChoice
 from sparkserve.lmhead.int8_kernel import CONFIG_TABLE, WGMMA_TABLE, KernelConfig
+from sparkserve.settings import resolve_settings
+from sparkserve.vllm_command import vllm_command
 
 N, K = 1024, 128
 BAD = KernelConfig("mmab", 64, 64, 64, 4, 2)
@@ -414,10 +416,15 @@ def test_max_rows_comes_from_the_runners_vllm_config() -> None:
     assert plugin.max_rows(runner) == 39
     runner.vllm_config.speculative_config = None
     assert plugin.max_rows(runner) == 3
-    # no vLLM config: the launcher's settings in the environment, serve.sh's by default
-    assert plugin.launcher_rows({}) == 39
-    assert plugin.launcher_rows({"MAX_NUM_SEQS": "8", "NUM_SPEC_TOKENS": "2"}) == 24
-    assert plugin.launcher_rows({"MAX_NUM_SEQS": "0"}) == 39, "a bad value: the defaults"
+    # no vLLM config: the rows this launch exported, each launcher its own
+    for launcher, rows in (("dflash", 3 * (12 + 1)), ("mtp", 3 * (2 + 1))):
+        env = vllm_command(resolve_settings({}, launcher), "0.33.0", hybrid=True).env
+        assert plugin.launcher_rows(env) == rows, launcher
+        mine = {**env, "MAX_NUM_SEQS": "8", "NUM_SPEC_TOKENS": "4"}
+        exported = vllm_command(resolve_settings(mine, launcher), "0.33.0", hybrid=True).env
+        assert plugin.launcher_rows(exported) == 8 * (4 + 1), launcher
+    # a vLLM no launcher started: the registry's defaults, also for a bad value
+    assert plugin.launcher_rows({}) == plugin.launcher_rows({plugin.ROWS_ENV: "0"}) == 39
     assert plugin.max_rows(NS()) == plugin.launcher_rows()
 
 

@@ -48,6 +48,7 @@ logger = logging.getLogger("vllm.sparkserve.lmhead")
 KEEP_ENV = "SPARK_KEEP_BF16_LMHEAD"
 CALIBRATE_ENV = "SPARK_LMHEAD_CALIBRATE"
 REPORT_ENV = "SPARKSERVE_LMHEAD_REPORT"
+ROWS_ENV = "SPARKSERVE_LMHEAD_ROWS"  # the launch's MAX_NUM_SEQS x (NUM_SPEC_TOKENS + 1)
 # Model runners whose load_model we wrap (module, class); absent ones are skipped.
 RUNNERS = (
     ("vllm.v1.worker.gpu_model_runner", "GPUModelRunner"),
@@ -152,17 +153,15 @@ def draft_model(runner: Any) -> Any:
 
 
 def launcher_rows(env: dict[str, str] | None = None) -> int:
-    """Rows the head serves at most by the launcher's settings (it exports MAX_NUM_SEQS and
-    NUM_SPEC_TOKENS to vLLM's environment); serve.sh's defaults where they do not resolve."""
-    from sparkserve.knobs import KnobError
+    """Rows the head serves at most by this launch (the launchers export ROWS_ENV to vLLM's
+    environment, sparkserve.vllm_command); the registry's defaults for a vLLM that no
+    launcher started."""
     from sparkserve.settings import resolve_settings
 
-    env = dict(os.environ) if env is None else env
-    try:
-        mine = {k: env[k] for k in ("MAX_NUM_SEQS", "NUM_SPEC_TOKENS") if k in env}
-        return resolve_settings(mine).lmhead_rows
-    except KnobError:
-        return resolve_settings({}).lmhead_rows
+    raw = (os.environ if env is None else env).get(ROWS_ENV, "").strip()
+    if raw.isdigit() and int(raw) > 0:
+        return int(raw)
+    return resolve_settings({}).lmhead_rows
 
 
 def max_rows(runner: Any) -> int:
