@@ -69,8 +69,11 @@ export COMPOSE_LINT="${lint_venv}/bin/compose-lint"
 fuzz="$(ensure_venv api-fuzz "${PYTHON}" install_api_fuzz_venv \
   "${REPO}/requirements/test-api-fuzz.lock" "${REPO}/scripts/lib/api_fuzz_venv.sh")"
 export SPARKSERVE_SCHEMATHESIS="${fuzz}/bin/schemathesis"
-SPARKSERVE_VLLM_BUGGY_SRC="$(ensure_vllm_source "${VLLM_BUGGY_VERSION}")"
+SPARKSERVE_VLLM_BUGGY_SRC="$(ensure_vllm_source "${VLLM_BUGGY_VERSION}" vllm-sources)"
 export SPARKSERVE_VLLM_BUGGY_SRC
+# The next release's sources: tests/test_next_release.py runs the version-sensitive tests on them.
+SPARKSERVE_VLLM_NEXT_SRC="$(ensure_vllm_source "${VLLM_NEXT_VERSION}" vllm-next-sources)"
+export SPARKSERVE_VLLM_NEXT_SRC
 export VLLM_TARGET_DEVICE=cpu
 # The suite starts hundreds of Python processes: each must find the bytecode of the modules
 # it imports (the checkout's, pytest's rewritten test modules, the vLLM source tree above).

@@ -15,6 +15,9 @@ import pytest
 from sparkserve.knobs import KNOBS, Knob
 from sparkserve.launcher_exports import main_resolve
 from sparkserve.lmhead import plugin
+from sparkserve.versions import parse_release
+from sparkserve.vllm_command import EXTENSIBLE_KV_CACHE_FROM
+from support import vllm_release
 from support.cpu_launch import LAUNCHERS
 from support.geometry import write_geometry_models
 
@@ -135,6 +138,7 @@ def engine_configs(models: tuple[Path, Path], tmp_path_factory: pytest.TempPathF
     return json.loads((work / "out.json").read_text())
 
 
+@pytest.mark.release
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_vllm_builds_an_engine_config_for_every_shipped_combination(
     case: str, engine_configs: dict, models: tuple[Path, Path]
@@ -149,6 +153,38 @@ def test_vllm_builds_an_engine_config_for_every_shipped_combination(
         assert result["draft_model"] == str(models[1])
     for key, value in expected.items():
         assert result[key] == value, (key, result)
+    # GPU_MEM stays a budget on a release that would otherwise size the pool after warm-up
+    extensible_from = parse_release(vllm_release.release())[:2] >= EXTENSIBLE_KV_CACHE_FROM
+    assert result["extensible_kv_cache"] is (False if extensible_from else None), result
+
+
+def fake_vllm(tmp_path: Path, version: str) -> dict[str, str]:
+    """The launcher's environment with a `vllm` package that says it is `version`."""
+    fake = tmp_path / "site" / "vllm"
+    fake.mkdir(parents=True)
+    (fake / "__init__.py").write_text("")
+    (fake / "_version.py").write_text(f"__version__ = version = '{version}'\n")
+    env = launcher_env(DRY_RUN="1")
+    env["PYTHONPATH"] = f"{REPO / 'src'}:{fake.parent}"
+    return env
+
+
+@pytest.mark.parametrize(("version", "kept"), [("0.33.0", False), ("0.34.0", True)])
+@pytest.mark.parametrize("launcher", sorted(LAUNCHERS))
+def test_gpu_mem_stays_a_budget_on_a_release_with_the_extensible_kv_cache(
+    tmp_path: Path, launcher: str, version: str, kept: bool
+) -> None:
+    """From 0.34 the launchers pass --no-enable-extensible-kv-cache and say why; a KV_CACHE_GB
+    size already turns it off, and then nothing is added."""
+    env = fake_vllm(tmp_path, version)
+    done = run_launcher(launcher, env)
+    assert done.returncode == 0, done.stderr
+    assert ("'--no-enable-extensible-kv-cache'" in done.stdout) is kept
+    assert ("keeping GPU_MEM a budget" in done.stderr) is kept
+    sized = run_launcher(launcher, {**env, "KV_CACHE_GB": "2"})
+    assert sized.returncode == 0, sized.stderr
+    assert "'--kv-cache-memory-bytes' '2147483648'" in sized.stdout
+    assert "extensible" not in sized.stdout + sized.stderr
 
 
 def bad_values(knob: Knob) -> list[str]:
@@ -333,12 +369,7 @@ def test_extra_args_are_split_like_a_shell_and_come_last() -> None:
 def test_dflash_prefix_cache_workaround_follows_the_vllm_release(
     tmp_path: Path, version: str, applied: bool
 ) -> None:
-    fake = tmp_path / "site" / "vllm"
-    fake.mkdir(parents=True)
-    (fake / "__init__.py").write_text("")
-    (fake / "_version.py").write_text(f"__version__ = version = '{version}'\n")
-    env = launcher_env(DRY_RUN="1")
-    env["PYTHONPATH"] = f"{REPO / 'src'}:{fake.parent}"
+    env = fake_vllm(tmp_path, version)
     done = run_launcher("dflash", env)
     assert done.returncode == 0, done.stderr
     assert ('"disable_eagle_block_drop":true' in done.stdout) is applied

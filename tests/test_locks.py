@@ -48,6 +48,34 @@ def test_a_changed_release_makes_the_locks_that_pin_it_stale(copy_of_inputs: Pat
     assert set(locks.stale()) == {"test-core", "spark-aarch64"}
 
 
+def test_the_next_release_has_a_lock_of_its_own(copy_of_inputs: Path) -> None:
+    versions = copy_of_inputs / "versions.env"
+    text = versions.read_text()
+    release = locks.versions()["VLLM_NEXT_VERSION"]
+    versions.write_text(text.replace(f"VLLM_NEXT_VERSION={release}", "VLLM_NEXT_VERSION=9.9.9"))
+    assert locks.stale() == ["vllm-next-sources"]
+
+
+def test_changes_name_each_pin_added_removed_or_moved() -> None:
+    """What scripts/bump-vllm.sh prints after re-locking."""
+    old = (
+        "# head\nTorch==2.13.0 \\\n    --hash=sha256:aa\nflashinfer-python==0.7.2.post1\nsix==1.0\n"
+    )
+    new = "torch==2.14.0 \\\n    --hash=sha256:bb\nflashinfer_python==0.7.3\nsix==1.0\nuv==0.1\n"
+    assert locks.changes(old, new) == [
+        "~ flashinfer-python 0.7.2.post1 -> 0.7.3",
+        "~ torch 2.13.0 -> 2.14.0",
+        "+ uv 0.1",
+    ]
+    assert locks.changes(new, new) == []
+    assert locks.changes(new, "") == [
+        "- flashinfer-python 0.7.3",
+        "- six 1.0",
+        "- torch 2.14.0",
+        "- uv 0.1",
+    ]
+
+
 def test_a_comment_in_a_requirement_file_changes_no_lock(copy_of_inputs: Path) -> None:
     core = copy_of_inputs / "requirements" / "test-core.in"
     core.write_text("# a note\n" + core.read_text())

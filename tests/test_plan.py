@@ -1,13 +1,13 @@
 """`sparkserve plan` against vLLM itself and against the Spark figures.
 
-1. The Spark (config-only, vLLM 0.33 from the test venv): the 122B geometry with the DFlash
-   drafter (n=12), gpu-mem 0.82, max-model-len 262144, 3 seqs, 8192 batched tokens must give
-   vLLM's attention block 2240 and padded Mamba page 4,587,520 B, and a KV pool within 5% of
-   the 421,888 tokens (1.61x) a Spark logged with the bf16 head, and of its 426,610 with the
-   int8 head's reclaim. The same plan runs without VLLM_TARGET_DEVICE on this GPU-less machine
-   and states the CUDA-graph estimate when it is on. Assumptions (docs/MEMORY.md): 119.7 GiB
-   visible, int4 target weights 67 GiB and drafter 1.6 GiB (FACTS), 3 GiB activation/CUDA
-   overhead.
+1. The Spark (config-only; the release under test: the test venv's, then the next one): the 122B
+   geometry with the DFlash drafter (n=12), gpu-mem 0.82, max-model-len 262144, 3 seqs, 8192
+   batched tokens must give vLLM's attention block 2240 and padded Mamba page 4,587,520 B, and a
+   KV pool within 5% of the 421,888 tokens (1.61x) a Spark logged with the bf16 head, and of its
+   426,610 with the int8 head's reclaim. The same plan runs without VLLM_TARGET_DEVICE on this
+   GPU-less machine and states the CUDA-graph estimate when it is on. Assumptions
+   (docs/MEMORY.md): 119.7 GiB visible, int4 target weights 67 GiB and drafter 1.6 GiB (FACTS), 3
+   GiB activation/CUDA overhead.
 2. Bad input: one line naming the value, exit 2, before vLLM is imported.
 3. The platform and dtypes the plan hands to vLLM are stated; a config.json silent on the
    GatedDeltaNet state dtype gets vLLM's "auto" rule (the conv state's bf16), never the
@@ -22,10 +22,13 @@ from pathlib import Path
 
 import pytest
 
+from support import vllm_release
 from support.geometry import target_config, write_geometry_models
 from support.plan_runs import plan_cli, plan_runs
 
 REPO = Path(__file__).resolve().parents[1]
+# vLLM's config and KV-cache code decide every figure below: run on the next release too
+pytestmark = pytest.mark.release
 # The Spark's log lines (the design note's public project), gpu-mem 0.82, DFlash n=12: with the
 # bf16 head, and with the int8 head's reclaim and VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS=0.
 SPARK_POOL_TOKENS = 421_888
@@ -89,6 +92,7 @@ def test_plan_states_the_platform_and_dtypes_it_hands_to_vllm(
     assert plan["inputs"]["platform"] == "cuda"
     assert plan["kv"]["platform"] == "cuda"
     assert plan["kv"]["config_platform"] == "CpuPlatform"  # VLLM_TARGET_DEVICE=cpu here
+    assert plan["kv"]["vllm_version"] == vllm_release.release()
     dtypes = plan["inputs"]["dtypes"]
     assert dtypes["mamba_ssm"] == {"value": "float32", "source": "config.json mamba_ssm_dtype"}
     assert dtypes["model"]["value"] == dtypes["kv_cache"]["value"] == "bfloat16"

@@ -8,12 +8,13 @@ install_core_venv() {
   verify_lock "$1" test-core
 }
 
-# ensure_vllm_source VERSION : prints a directory holding that release's `vllm` package,
-# Python sources only (the compiled extensions are not needed to import its config and
-# KV-cache classes on a CPU). The wheel comes hash-checked from requirements/vllm-sources.lock.
+# ensure_vllm_source VERSION LOCK : prints a directory holding that release's `vllm` package,
+# Python sources only (the compiled extensions are not needed to import its config, KV-cache
+# and model-runner classes on a CPU). The wheel comes hash-checked from requirements/LOCK.lock
+# (vllm-sources: the prefix-align bug's release; vllm-next-sources: the release on trial).
 # Cached like the venvs.
 ensure_vllm_source() {
-  local version="$1" cache dir wheels lock="${REPO}/requirements/vllm-sources.lock"
+  local version="$1" name="$2" cache dir wheels lock="${REPO}/requirements/$2.lock"
   cache="$(sparkserve_cache_dir)"
   dir="${cache}/vllm-src-${version}"
   if [[ -f "${dir}/.complete" ]]; then
@@ -21,7 +22,7 @@ ensure_vllm_source() {
     return 0
   fi
   grep -q "^vllm==${version} " "${lock}" || {
-    log "vllm ${version}: ${lock} pins another release; run scripts/lock.sh vllm-sources"
+    log "vllm ${version}: requirements/${name}.lock pins another release; run scripts/lock.sh ${name}"
     return 1
   }
   rm -rf "${dir}"

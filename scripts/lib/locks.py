@@ -7,6 +7,7 @@ platform), and the three things done with them.
   locks.py write UV NAME [OUTPUT]      resolve NAME with uv into its lock (or OUTPUT)
   locks.py verify NAME PYTHON [EXTRA]  the venv of PYTHON holds exactly NAME's pins (+ EXTRA
                                        `name==version` that the project installs itself)
+  locks.py changes OLD NEW             what moved between two versions of a lock, a pin a line
 
 scripts/lock.sh writes the locks, scripts/test.sh and the Dockerfile install them with
 `pip install --no-deps --require-hashes` (nothing unlisted can enter), and tests/test_locks.py
@@ -112,6 +113,14 @@ LOCKS = (
         "3.12",
         X86,
         "the wheel whose Python sources the prefix-align tests patch (downloaded, not installed)",
+    ),
+    Lock(
+        "vllm-next-sources",
+        (Part((), (("vllm", "VLLM_NEXT_VERSION"),), deps=False),),
+        "3.12",
+        X86,
+        "the next release's wheel, whose Python sources the version-sensitive tests run against"
+        " (downloaded, not installed)",
     ),
     Lock(
         "spark-aarch64",
@@ -259,6 +268,22 @@ def verify(lock: Lock, python: str, also: list[str]) -> list[str]:
     return problems
 
 
+def changes(old: str, new: str) -> list[str]:
+    """Pins added, removed or moved between two texts of a lock, in name order."""
+    before = {normalize(p.name): p.version for p in read_pins(old)[1]}
+    after = {normalize(p.name): p.version for p in read_pins(new)[1]}
+    lines = []
+    for name in sorted(before.keys() | after.keys()):
+        was, now = before.get(name), after.get(name)
+        if was is None:
+            lines.append(f"+ {name} {now}")
+        elif now is None:
+            lines.append(f"- {name} {was}")
+        elif was != now:
+            lines.append(f"~ {name} {was} -> {now}")
+    return lines
+
+
 def pinned(lock: Lock, dist: str) -> str | None:
     pins = read_pins(lock.path.read_text())[1] if lock.path.exists() else []
     return next((p.block for p in pins if normalize(p.name) == normalize(dist)), None)
@@ -284,6 +309,10 @@ def main(argv: list[str]) -> int:
         lock = BY_NAME[argv[2]]
         write(argv[1], lock, Path(argv[3]) if len(argv) == 4 else lock.path)
         return 0
+    if len(argv) == 3 and argv[0] == "changes":
+        lines = changes(Path(argv[1]).read_text(), Path(argv[2]).read_text())
+        print("\n".join(lines) if lines else "(no pin changed)")
+        return 0
     if len(argv) >= 3 and argv[0] == "verify" and argv[1] in BY_NAME:
         problems = verify(BY_NAME[argv[1]], argv[2], argv[3:])
         for problem in problems:
@@ -291,7 +320,7 @@ def main(argv: list[str]) -> int:
         return 1 if problems else 0
     names = ", ".join(BY_NAME)
     print(f"usage: locks.py names | pin NAME DIST | stale | write UV NAME [OUTPUT] | "
-          f"verify NAME PYTHON [EXTRA...]; "
+          f"verify NAME PYTHON [EXTRA...] | changes OLD NEW; "
           f"NAME is one of: {names}", file=sys.stderr)  # fmt: skip
     return 2
 

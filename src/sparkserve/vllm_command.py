@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 from sparkserve.settings import Settings
 from sparkserve.shell import shell_quote
+from sparkserve.versions import parse_release
 from sparkserve.workarounds import WORKAROUNDS
 
 SECRET_ENV = ("VLLM_API_KEY", "HF_TOKEN")
@@ -24,6 +25,18 @@ ACCESS_THEN_DRAIN = "sparkserve.access.RequireKeyThenDrain"
 # THINKING=0: the chat template renders no thinking and vLLM's reasoning parsers start in the
 # answer (the same switch a request's chat_template_kwargs turns).
 NO_THINKING = {"enable_thinking": False}
+
+
+# From vLLM 0.34, on CUDA, the KV pool is sized after warm-up from the memory found free (the
+# "extensible KV cache") unless its size is given, and GPU_MEM is only a cap. The launchers keep
+# GPU_MEM a budget, so OS_RESERVE_GB holds as planned, until that is measured on unified memory
+# (docs/UPGRADING.md).
+EXTENSIBLE_KV_CACHE_FROM = (0, 34)
+KEEP_GPU_MEM_A_BUDGET = (
+    "vLLM 0.34 would size the KV pool from the memory free after warm-up and take GPU_MEM as a "
+    "cap (its extensible KV cache): keeping GPU_MEM a budget (--no-enable-extensible-kv-cache) "
+    "until that is measured on unified memory"
+)
 
 
 @dataclass(frozen=True)
@@ -66,9 +79,9 @@ def cluster_args(settings: Settings, join_timeout_s: int) -> list[str]:
     docs/CLUSTER.md). Both nodes get the same command but for --node-rank; the worker runs
     headless. vLLM's own rendezvous and collectives give up after the join timeout instead of
     torch's 30 min. The options, in vLLM's parser: --nnodes/--node-rank/--master-addr/
-    --master-port and --distributed-timeout-seconds in engine/arg_utils.py (0.32: lines
-    1143-1148; 0.33: 1175-1180), --headless in entrypoints/launchers/cli_args.py:435 (0.32) and
-    entrypoints/common/cli_args.py:445 (0.33)."""
+    --master-port and --distributed-timeout-seconds in `EngineArgs.add_cli_args`
+    (engine/arg_utils.py), --headless in `make_arg_parser` (entrypoints/common/cli_args.py
+    from 0.33); tests/test_launchers.py parses them with the pinned and the next release."""
     if not settings.pair:
         return []
     args = [
@@ -169,6 +182,21 @@ def vllm_env(settings: Settings, host_ip: str) -> dict[str, str]:
     return env
 
 
+def memory_args(settings: Settings, vllm_version: str) -> tuple[list[str], list[str]]:
+    """The KV pool's budget: GPU_MEM, KV_CACHE_GB's bytes when set, and on a release with the
+    extensible KV cache the flag that keeps GPU_MEM a budget; and the note to print."""
+    argv = ["--gpu-memory-utilization", settings["GPU_MEM"]]
+    if settings.kv_cache_bytes is not None:
+        return [*argv, "--kv-cache-memory-bytes", str(settings.kv_cache_bytes)], []
+    try:
+        extensible = parse_release(vllm_version)[:2] >= EXTENSIBLE_KV_CACHE_FROM
+    except ValueError:
+        extensible = False
+    if extensible:
+        return [*argv, "--no-enable-extensible-kv-cache"], [KEEP_GPU_MEM_A_BUDGET]
+    return argv, []
+
+
 def vllm_command(
     settings: Settings, vllm_version: str, hybrid: bool, host_ip: str = ""
 ) -> VllmCommand:
@@ -179,14 +207,15 @@ def vllm_command(
         "--served-model-name", settings["SERVED_MODEL_NAME"],
         "--host", settings["HOST"],
         "--port", settings["PORT"],
-        "--gpu-memory-utilization", settings["GPU_MEM"],
+    ]  # fmt: skip
+    budget, notes = memory_args(settings, vllm_version)
+    argv += budget
+    argv += [
         "--max-model-len", settings["MAX_MODEL_LEN"],
         "--max-num-seqs", settings["MAX_NUM_SEQS"],
         "--max-num-batched-tokens", settings["MAX_BATCHED_TOKENS"],
         "--load-format", settings["LOAD_FORMAT"],
     ]  # fmt: skip
-    if settings.kv_cache_bytes is not None:
-        argv += ["--kv-cache-memory-bytes", str(settings.kv_cache_bytes)]
     prefix_cache = settings.flag("PREFIX_CACHE")
     argv.append("--enable-prefix-caching" if prefix_cache else "--no-enable-prefix-caching")
     if settings["TOOL_PARSER"]:
@@ -196,7 +225,6 @@ def vllm_command(
     if not settings.flag("THINKING"):
         argv += ["--default-chat-template-kwargs", json.dumps(NO_THINKING)]
     argv += drain_args(settings)
-    notes: list[str] = []
     speculative_fields: dict[str, object] = {}
     for workaround in WORKAROUNDS:
         if workaround.applies(

@@ -15,6 +15,7 @@ import pytest
 
 from sparkserve.patching import PREFIX_ALIGN
 from sparkserve.versions import read_versions
+from support import vllm_release
 
 REPO = Path(__file__).resolve().parents[2]
 PATCH_SCRIPT = REPO / "patch_prefix_align.py"
@@ -37,8 +38,10 @@ def run_patch(*args: str | Path) -> subprocess.CompletedProcess[str]:
 
 
 def run_scenario(vllm_parent: Path | None, out: Path) -> dict:
-    """The design note's layout, built by the vLLM in `vllm_parent` (None: the installed one)."""
+    """The design note's layout, built by the vLLM in `vllm_parent` (None: the release under
+    test)."""
     env = dict(os.environ, VLLM_TARGET_DEVICE="cpu")
+    vllm_parent = vllm_parent or vllm_release.source()
     if vllm_parent is not None:
         env["PYTHONPATH"] = str(vllm_parent)
     else:
@@ -73,6 +76,7 @@ def buggy_copy(buggy_source: Path, tmp_path: Path) -> Path:
 
 @pytest.fixture(scope="session")
 def pinned_root() -> Path:
+    """The release under test's package folder (support.vllm_release)."""
     spec = importlib.util.find_spec("vllm")
     if spec is None or not spec.submodule_search_locations:
         pytest.skip("the pinned vLLM is not installed: run through ./scripts/test.sh")
@@ -109,6 +113,7 @@ def test_patch_makes_the_hash_block_the_gcd_and_the_coordinator_builds(buggy_cop
     assert result["coordinator_hash_block_size"] == 2240
 
 
+@pytest.mark.release
 def test_pinned_release_has_the_fix_and_builds_without_the_patch(
     pinned_root: Path, tmp_path: Path
 ) -> None:
@@ -117,11 +122,11 @@ def test_pinned_release_has_the_fix_and_builds_without_the_patch(
     done = run_patch("--vllm-root", pinned_root)
     assert done.returncode == 0, done.stderr
     assert done.stdout.startswith("vLLM already has the fix: prefix-align")
-    assert f"vLLM {PINS['VLLM_VERSION']}" in done.stdout
+    assert f"vLLM {vllm_release.release()}" in done.stdout
     assert sha256(target) == before
     assert run_patch("--vllm-root", pinned_root, "--check").returncode == 0
     result = run_scenario(None, tmp_path / "scenario.json")
-    assert result["vllm_version"] == PINS["VLLM_VERSION"]
+    assert result["vllm_version"] == vllm_release.release()
     assert result["hash_block_size"] == 2240
     assert result["coordinator"] == "built"
 

@@ -8,8 +8,14 @@ One process for every case: importing vLLM costs seconds.
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
+
+# vLLM 0.34's CPU platform refuses x86 without Triton, and vLLM's Triton check finds no GPU
+# driver here unless CUDA_VISIBLE_DEVICES is empty (sparkserve.memory.kv.
+# cpu_platform_keeps_triton says why); set before vLLM decides it.
+os.environ["CUDA_VISIBLE_DEVICES"] = ""
 
 from vllm.engine.arg_utils import EngineArgs
 from vllm.entrypoints.common.cli_args import make_arg_parser
@@ -28,6 +34,8 @@ def facts(argv: list[str]) -> dict:
         "max_num_seqs": config.scheduler_config.max_num_seqs,
         "max_num_batched_tokens": config.scheduler_config.max_num_batched_tokens,
         "gpu_memory_utilization": config.cache_config.gpu_memory_utilization,
+        # vLLM 0.34's extensible KV cache (absent before it: None)
+        "extensible_kv_cache": getattr(config.cache_config, "enable_extensible_kv_cache", None),
         "enable_prefix_caching": config.cache_config.enable_prefix_caching,
         "mamba_cache_mode": config.cache_config.mamba_cache_mode,
         "load_format": str(config.load_config.load_format),

@@ -11,8 +11,14 @@ All three kinds of page are then 9,175,040 bytes, so vLLM groups them by uniform
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
+
+# vLLM 0.34's CPU platform refuses x86 without Triton, and vLLM's Triton check finds no GPU
+# driver here unless CUDA_VISIBLE_DEVICES is empty (sparkserve.memory.kv.
+# cpu_platform_keeps_triton says why); set before vLLM decides it.
+os.environ["CUDA_VISIBLE_DEVICES"] = ""
 
 import torch
 import vllm

@@ -10,6 +10,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from support.vllm_release import pythonpath
+
 REPO = Path(__file__).resolve().parents[2]
 
 
@@ -22,7 +24,7 @@ def plan_cli(
 ) -> Any:
     """`sparkserve plan ARGS` with the test's environment (no cluster knobs) plus `env`."""
     base = {k: v for k, v in os.environ.items() if not k.startswith("CLUSTER_")}
-    env = dict(base, PYTHONPATH=str(REPO / "src"), **(env or {}))
+    env = dict(base, PYTHONPATH=pythonpath(REPO / "src"), **(env or {}))
     env.pop("VLLM_TARGET_DEVICE", None)
     if target_device is not None:
         env["VLLM_TARGET_DEVICE"] = target_device
@@ -54,7 +56,7 @@ with open(sys.argv[2], "w") as handle:
 def plan_runs(cases: dict[str, tuple[list[str], dict[str, str]]], work: Path) -> dict:
     """Each case's (exit status, stdout, stderr) from `sparkserve plan ARGV` with ENV added."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("CLUSTER_")}
-    env |= {"PYTHONPATH": str(REPO / "src"), "VLLM_TARGET_DEVICE": "cpu"}
+    env |= {"PYTHONPATH": pythonpath(REPO / "src"), "VLLM_TARGET_DEVICE": "cpu"}
     argvs = [[["plan", *argv], extra] for argv, extra in cases.values()]
     done = subprocess.run(
         [sys.executable, "-c", PLANS, json.dumps(argvs), str(work / "plans.json")],

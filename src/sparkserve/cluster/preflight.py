@@ -11,12 +11,14 @@ sits in between, both ways, and each side compares the other's identity and MTU 
 When the head's ports are taken, its server is probably running: the doctor then probes the
 running watch instead (`wire` probe), and so does a worker's doctor that finds a running head.
 
-The ports vLLM's native multi-node engine uses between the nodes (vLLM 0.33.0, file:line):
+The ports vLLM's native multi-node engine uses between the nodes (vLLM 0.33.0, by function):
 - CLUSTER_PORT on the head: torch.distributed's rendezvous (TCPStore) at --master-addr and
-  --master-port (distributed/parallel_state.py:1876-1878; default 29501, config/parallel.py:320);
+  --master-port (`init_distributed_environment`, distributed/parallel_state.py; default 29501,
+  `ParallelConfig.master_port`, config/parallel.py);
 - ephemeral ports on both nodes: the cross-node message queues bind `tcp://<VLLM_HOST_IP>:0`
-  (distributed/device_communicators/shm_broadcast.py:573): the head's scheduler queue
-  (v1/executor/multiproc_executor.py:178-184) and each worker's reply queue (:741-745);
+  (`MessageQueue.__init__`, distributed/device_communicators/shm_broadcast.py): the head's
+  scheduler queue (`MultiprocExecutor._init_executor`) and each worker's reply queue
+  (`WorkerProc._init_message_queues`, both v1/executor/multiproc_executor.py);
   gloo's TCP pairs and NCCL's bootstrap also listen on ephemeral ports of the named interface;
 - CLUSTER_WATCH_PORT on the head: sparkserve's own pair watch.
 """
@@ -40,7 +42,7 @@ from sparkserve.cluster.identity import differences
 PORTS_NEEDED = (
     "open between the nodes: TCP CLUSTER_PORT and CLUSTER_WATCH_PORT to the head, and any "
     "ephemeral TCP port both ways (vLLM's cross-node message queues bind port 0, "
-    "shm_broadcast.py:573; gloo and NCCL too): trust the link's interface"
+    "MessageQueue in shm_broadcast.py; gloo and NCCL too): trust the link's interface"
 )
 CONNECT_S = 2.0  # one connection attempt
 REPLY_S = 10.0  # a probe's answer (the head first connects back, CONNECT_S at most)

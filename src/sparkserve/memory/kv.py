@@ -1,10 +1,10 @@
 """The KV cache vLLM will build, computed with vLLM's own classes (imported lazily).
 
-The order mirrors the engine core's `_initialize_kv_caches`:
+The order mirrors the engine core's `EngineCore._initialize_kv_caches` (v1/engine/core.py):
 
 1. `EngineArgs(...).create_engine_config()` from config.json alone (no weights, no tokenizer).
 2. The platform's block-size step: the backend's preferred block, then
-   `Platform._align_hybrid_block_size(vllm_config, backend_cls)` (attention block grown until
+   `Platform._align_hybrid_block_size` (platforms/interface.py; attention block grown until
    its page holds a Mamba state; Mamba page padded to the attention page; Mamba block equal to
    the attention block in align mode).
 3. One spec per layer with vLLM's spec classes (`FullAttentionSpec`, `MambaSpec`), filled the
@@ -170,6 +170,18 @@ def _platform_or_cpu() -> str | None:
     return NO_GPU_NOTE
 
 
+def cpu_platform_keeps_triton() -> None:
+    """vLLM 0.34's CPU platform refuses an x86 machine without Triton
+    (`CpuPlatform.check_and_update_config`, platforms/cpu.py), and vLLM's Triton check
+    (triton_utils/importing.py) wants exactly one active GPU driver, none on a machine with
+    no GPU, unless CUDA_VISIBLE_DEVICES is empty (its "distributed" case). The config is all
+    this process builds on the CPU platform, no kernel runs: an empty list lets the check
+    pass, as 0.33 passed without one. Before vllm.triton_utils is imported, where it is
+    decided."""
+    if os.environ.get("VLLM_TARGET_DEVICE") == "cpu":
+        os.environ["CUDA_VISIBLE_DEVICES"] = ""
+
+
 def import_vllm() -> tuple[str, str | None]:
     """vLLM's version and a note on its platform, or VllmMissing with why."""
     os.environ.setdefault("VLLM_CONFIGURE_LOGGING", "0")
@@ -180,6 +192,7 @@ def import_vllm() -> tuple[str, str | None]:
             import vllm
 
             note = _platform_or_cpu()
+            cpu_platform_keeps_triton()
             from vllm.engine.arg_utils import EngineArgs  # noqa: F401
     except Exception as error:  # any import failure means "not usable here"
         why = f"{type(error).__name__}: {error}"
@@ -401,9 +414,9 @@ class _Built:
 
 
 def _build(req: KvRequest) -> _Built:
-    version, platform_note = import_vllm()
     if req.platform == "cpu":
         os.environ["VLLM_TARGET_DEVICE"] = "cpu"
+    version, platform_note = import_vllm()
     memory = list(req.node_kv_bytes) or [req.kv_bytes] * req.nodes
     if len(memory) != req.nodes:
         raise GeometryError(f"{len(memory)} KV sizes for {req.nodes} nodes")
