@@ -2,7 +2,8 @@
 # The project's one test command (CI runs exactly this): builds or reuses the cached test
 # venvs (each exactly its hash lock, requirements/*.lock), lints, then runs pytest. Arguments
 # go to pytest, e.g. `./scripts/test.sh -k patch`. `--quick` first: the contributors' inner
-# loop, every test that starts no vLLM server and no container (all but tests/e2e), no Docker.
+# loop, every test that starts no vLLM server and no container (all but tests/e2e) and does not
+# run the release tests again on the next vLLM (tests/test_next_release.py), no Docker.
 set -euo pipefail
 
 quick=0
@@ -93,7 +94,7 @@ export PATH="${core}/bin:${PATH}"
 marks=()
 if ((quick)); then
   export SPARKSERVE_CONTAINER_TESTS=0
-  marks=(-m "not e2e")
+  marks=(-m "not e2e and not whole_suite")
 fi
 if [[ "${SPARKSERVE_CONTAINER_TESTS:-1}" == 1 ]]; then
   prepare_suite_docker "${REPO}" "${core}"

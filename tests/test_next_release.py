@@ -17,6 +17,8 @@ import pytest
 from support import vllm_release
 
 REPO = Path(__file__).resolve().parents[1]
+# minutes of one test process: the whole CI run has it, the contributors' --quick leaves it out
+pytestmark = pytest.mark.whole_suite
 NEXT_SOURCE_ENV = "SPARKSERVE_VLLM_NEXT_SRC"  # set by scripts/test.sh
 
 
