@@ -20,8 +20,9 @@ readonly PROG="bump-vllm.sh"
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 readonly REPO
 readonly LOCKS_PY="${REPO}/scripts/lib/locks.py"
-# The locks that pin VLLM_VERSION (scripts/lib/locks.py declares them).
-readonly BUMPED_LOCKS=(test-core spark-aarch64)
+# The locks that pin VLLM_VERSION, as scripts/lib/locks.py declares them.
+mapfile -t BUMPED_LOCKS < <(python3 "${LOCKS_PY}" pinning VLLM_VERSION)
+readonly BUMPED_LOCKS
 
 die() {
   printf '%s: %s\n' "${PROG}" "$1" >&2

@@ -46,6 +46,7 @@ def test_a_changed_release_makes_the_locks_that_pin_it_stale(copy_of_inputs: Pat
     release = locks.versions()["VLLM_VERSION"]
     versions.write_text(text.replace(f"VLLM_VERSION={release}", "VLLM_VERSION=9.9.9"))
     assert set(locks.stale()) == {"test-core", "spark-aarch64"}
+    assert set(locks.pinning("VLLM_VERSION")) == {"test-core", "spark-aarch64"}  # bump-vllm.sh's
 
 
 def test_the_next_release_has_a_lock_of_its_own(copy_of_inputs: Path) -> None:

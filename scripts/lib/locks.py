@@ -8,6 +8,7 @@ platform), and the three things done with them.
   locks.py verify NAME PYTHON [EXTRA]  the venv of PYTHON holds exactly NAME's pins (+ EXTRA
                                        `name==version` that the project installs itself)
   locks.py changes OLD NEW             what moved between two versions of a lock, a pin a line
+  locks.py pinning KEY                 the locks that pin a release of versions.env's KEY
 
 scripts/lock.sh writes the locks, scripts/test.sh and the Dockerfile install them with
 `pip install --no-deps --require-hashes` (nothing unlisted can enter), and tests/test_locks.py
@@ -284,6 +285,11 @@ def changes(old: str, new: str) -> list[str]:
     return lines
 
 
+def pinning(key: str) -> list[str]:
+    """The locks with a part pinned to versions.env's `key` (a release they re-lock with)."""
+    return [lock.name for lock in LOCKS if any(key in dict(p.pins).values() for p in lock.parts)]
+
+
 def pinned(lock: Lock, dist: str) -> str | None:
     pins = read_pins(lock.path.read_text())[1] if lock.path.exists() else []
     return next((p.block for p in pins if normalize(p.name) == normalize(dist)), None)
@@ -309,6 +315,9 @@ def main(argv: list[str]) -> int:
         lock = BY_NAME[argv[2]]
         write(argv[1], lock, Path(argv[3]) if len(argv) == 4 else lock.path)
         return 0
+    if len(argv) == 2 and argv[0] == "pinning":
+        print("\n".join(pinning(argv[1])))
+        return 0
     if len(argv) == 3 and argv[0] == "changes":
         lines = changes(Path(argv[1]).read_text(), Path(argv[2]).read_text())
         print("\n".join(lines) if lines else "(no pin changed)")
@@ -320,7 +329,7 @@ def main(argv: list[str]) -> int:
         return 1 if problems else 0
     names = ", ".join(BY_NAME)
     print(f"usage: locks.py names | pin NAME DIST | stale | write UV NAME [OUTPUT] | "
-          f"verify NAME PYTHON [EXTRA...] | changes OLD NEW; "
+          f"verify NAME PYTHON [EXTRA...] | changes OLD NEW | pinning KEY; "
           f"NAME is one of: {names}", file=sys.stderr)  # fmt: skip
     return 2
 

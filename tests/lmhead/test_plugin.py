@@ -165,11 +165,6 @@ def runners_with_their_own_load_model() -> set[type]:
     return found
 
 
-# Runners the plugin leaves alone on purpose: none today. A release that adds one fails
-# test_the_plugin_wraps_every_runner_of_this_release until it is listed in plugin.RUNNERS or here.
-NOT_SERVING_A_HEAD: set[str] = set()
-
-
 @pytest.mark.release
 def test_the_plugin_wraps_every_runner_of_this_release() -> None:
     """Whatever the release calls its runners and wherever it keeps them (0.34 dropped
@@ -181,11 +176,19 @@ def test_the_plugin_wraps_every_runner_of_this_release() -> None:
     assert plugin.register() == wrapped
     for runner in runners:
         name = f"{runner.__module__}.{runner.__qualname__}"
-        if name in NOT_SERVING_A_HEAD:
-            continue
         assert getattr(runner.load_model, plugin._WRAPPED, False), f"{name} is not wrapped"
         assert runner in wrapped or any(issubclass(runner, w) for w in wrapped), name
         assert not getattr(runner.load_model.__wrapped__, plugin._WRAPPED, False), name
+
+
+def test_a_vllm_without_any_known_runner_is_said(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setattr(plugin, "RUNNERS", (("vllm.v1.worker.no_such_runner", "Runner"),))
+    with caplog.at_level("WARNING", logger=plugin.logger.name):
+        assert plugin.register() == []
+    assert "none of the model runners it knows" in caplog.text, caplog.text
+    assert "vllm.v1.worker.no_such_runner.Runner" in caplog.text
 
 
 def gpu_runner_classes() -> list[type]:

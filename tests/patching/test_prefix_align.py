@@ -42,10 +42,11 @@ def run_scenario(vllm_parent: Path | None, out: Path) -> dict:
     test)."""
     env = dict(os.environ, VLLM_TARGET_DEVICE="cpu")
     vllm_parent = vllm_parent or vllm_release.source()
-    if vllm_parent is not None:
-        env["PYTHONPATH"] = str(vllm_parent)
-    else:
-        env.pop("PYTHONPATH", None)
+    # the release's folder first, then this checkout's package (the scenario uses the planner's
+    # CPU-platform step)
+    env["PYTHONPATH"] = os.pathsep.join(
+        [*([str(vllm_parent)] if vllm_parent else []), str(REPO / "src")]
+    )
     done = subprocess.run(
         [sys.executable, str(SCENARIO), str(out)],
         capture_output=True,

@@ -8,18 +8,17 @@ One process for every case: importing vLLM costs seconds.
 from __future__ import annotations
 
 import json
-import os
 import sys
 from pathlib import Path
 
-# vLLM 0.34's CPU platform refuses x86 without Triton, and vLLM's Triton check finds no GPU
-# driver here unless CUDA_VISIBLE_DEVICES is empty (sparkserve.memory.kv.
-# cpu_platform_keeps_triton says why); set before vLLM decides it.
-os.environ["CUDA_VISIBLE_DEVICES"] = ""
+from sparkserve.memory.kv import cpu_platform_keeps_triton
 
-from vllm.engine.arg_utils import EngineArgs
-from vllm.entrypoints.common.cli_args import make_arg_parser
-from vllm.utils.argparse_utils import FlexibleArgumentParser
+# vLLM 0.34's CPU platform wants Triton on x86: the planner's step, before vLLM decides it
+cpu_platform_keeps_triton()
+
+from vllm.engine.arg_utils import EngineArgs  # noqa: E402
+from vllm.entrypoints.common.cli_args import make_arg_parser  # noqa: E402
+from vllm.utils.argparse_utils import FlexibleArgumentParser  # noqa: E402
 
 
 def facts(argv: list[str]) -> dict:

@@ -11,21 +11,20 @@ All three kinds of page are then 9,175,040 bytes, so vLLM groups them by uniform
 from __future__ import annotations
 
 import json
-import os
 import sys
 from pathlib import Path
 
-# vLLM 0.34's CPU platform refuses x86 without Triton, and vLLM's Triton check finds no GPU
-# driver here unless CUDA_VISIBLE_DEVICES is empty (sparkserve.memory.kv.
-# cpu_platform_keeps_triton says why); set before vLLM decides it.
-os.environ["CUDA_VISIBLE_DEVICES"] = ""
+from sparkserve.memory.kv import cpu_platform_keeps_triton
 
-import torch
-import vllm
-from vllm.config import CacheConfig, DeviceConfig, VllmConfig
-from vllm.v1 import kv_cache_interface as kvi
-from vllm.v1.core import kv_cache_utils
-from vllm.v1.core.kv_cache_coordinator import HybridKVCacheCoordinator
+# vLLM 0.34's CPU platform wants Triton on x86: the planner's step, before vLLM decides it
+cpu_platform_keeps_triton()
+
+import torch  # noqa: E402
+import vllm  # noqa: E402
+from vllm.config import CacheConfig, DeviceConfig, VllmConfig  # noqa: E402
+from vllm.v1 import kv_cache_interface as kvi  # noqa: E402
+from vllm.v1.core import kv_cache_utils  # noqa: E402
+from vllm.v1.core.kv_cache_coordinator import HybridKVCacheCoordinator  # noqa: E402
 
 ATTENTION_BLOCK = 2240  # what Mamba align mode gives the target on a Spark (FACTS.md)
 SCALED_BLOCK = 2 * ATTENTION_BLOCK
