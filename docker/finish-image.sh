@@ -9,8 +9,7 @@ main() {
   cd /opt/sparkserve
   pip install --no-deps --no-build-isolation .
   sparkserve --version
-  python patch_prefix_align.py
-  python patch_prefix_align.py --check
+  ./apply-vllm-patches.sh python
   # Built files only; the sources stay for `pip show` and tracebacks.
   rm -rf build ./*.egg-info src/*.egg-info
 }

@@ -45,8 +45,9 @@ PYTHON="${SPARKSERVE_PYTHON:-$(command -v python3.11 || command -v python3)}"
 core="$(ensure_venv core "${PYTHON}" install_core_venv \
   "${REPO}/requirements/test-core.lock" "${REPO}/scripts/lib/installers.sh")"
 # The CPU build of vLLM that end-to-end tests serve with; the test-only shim plugin it carries
-# is part of its key (it is copied into the venv).
-mapfile -t shim_files < <(git -C "${REPO}" ls-files tests/cpu_shims | sed "s|^|${REPO}/|")
+# (copied into the venv) and the image's vLLM patches (applied to it) are part of its key.
+mapfile -t shim_files < <(git -C "${REPO}" ls-files tests/cpu_shims src/sparkserve/patching \
+  docker/apply-vllm-patches.sh | sed "s|^|${REPO}/|")
 install_cpu_venv() { install_cpu_serve_venv "$1" "${REPO}"; }
 cpu="$(ensure_venv cpu-serve "${PYTHON}" install_cpu_venv \
   "${REPO}/requirements/cpu-serve.lock" "${REPO}/versions.env" \

@@ -188,7 +188,7 @@ class ServerOnce:
         if server is None or server.proc is None or server.proc.poll() is not None:
             self.starts += 1
             server = self.server = self.make(self.starts).start()
-            server.wait_healthy(timeout_s=300)
+            server.wait_healthy()
         return server
 
     def close(self) -> None:

@@ -325,7 +325,7 @@ def test_dockerfile_builds_what_the_project_pins() -> None:
     # the Spark's kernels compile with the image's Triton, after the package is installed
     assert spark.index("compile_check --arch 121") > spark.index("RUN ./finish-image.sh")
     finish = (REPO / "docker" / "finish-image.sh").read_text()
-    assert "python patch_prefix_align.py --check" in finish
+    assert "./apply-vllm-patches.sh python" in finish  # every patch, then its --check
     assert "pip install --no-deps --no-build-isolation ." in finish
     # one entrypoint, healthcheck and signal path for both targets
     for name in ("HEALTHCHECK", "CMD [", "ENTRYPOINT", "EXPOSE"):
@@ -340,7 +340,7 @@ def test_dockerfile_builds_what_the_project_pins() -> None:
     for stage in (spark, cpu):
         copied = " ".join(re.findall(r"^COPY ((?:.*\\\n)*.+)$", stage, re.M))
         for needed in ("serve.sh", "mtp_serve.sh", "serve_common.sh", "patch_prefix_align.py",
-                       "src", "finish-image.sh"):  # fmt: skip
+                       "src", "finish-image.sh", "apply-vllm-patches.sh"):  # fmt: skip
             assert needed in copied, needed
     if shutil.which("hadolint"):
         done = subprocess.run(

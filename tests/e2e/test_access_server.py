@@ -50,7 +50,7 @@ def keyed_server(
     work = tmp_path_factory.mktemp("access-server")
     knobs = {"API_KEY": KEY, "NUM_SPEC_TOKENS": "0"}
     with launcher_server(work, "dflash", tiny_models, sparkserve_site, knobs) as server:
-        server.wait_healthy(timeout_s=300)
+        server.wait_healthy()
         yield server
 
 

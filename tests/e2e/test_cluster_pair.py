@@ -32,6 +32,7 @@ from support.cluster_pair import (
     tp_model,
 )
 from support.promises import STOP_GRACE_S, pair_stop_bound_s
+from support.vllm_server import START_GUARD_S
 
 # Longer than the default 5 s: four nodes starting on one 2-core machine can keep a watch
 # from beating for seconds, which two machines never do to each other.
@@ -40,7 +41,6 @@ WATCH_GRACE_S = 5.0  # the watch's --grace-s (the launcher leaves it at its defa
 # From a failure to both nodes' processes gone: the promised bound (docs/CLUSTER.md, "The
 # bound"), CLUSTER_PEER_TIMEOUT_S + 7 s.
 BOUND_S = pair_stop_bound_s(PEER_TIMEOUT_S, WATCH_GRACE_S)
-START_S = 600.0  # a pair's start on a busy 2-core machine: a guard against a hang
 HANG_S = 60.0  # a refused start's exit, and its processes gone: a guard against a hang
 KNOBS = {"CLUSTER_PEER_TIMEOUT_S": f"{PEER_TIMEOUT_S:g}"}
 CHAT = {"model": "tiny", "messages": [{"role": "user", "content": "count"}], "max_tokens": 8}
@@ -79,7 +79,7 @@ class Pairs:
             self.started[name] = start_pair(net, layout, self.model, self.site, self.root / name,
                                             KNOBS)  # fmt: skip
         with ThreadPoolExecutor(len(wanted)) as pool:
-            waits = {name: pool.submit(self.started[name].wait_healthy, START_S)
+            waits = {name: pool.submit(self.started[name].wait_healthy, START_GUARD_S)
                      for name, _ in wanted}  # fmt: skip
         for name, future in waits.items():
             TIMES[f"start {name}"] = future.result()

@@ -78,7 +78,7 @@ def test_guard_stops_a_real_server_under_memory_pressure(
         hog = stress = None
         record = Path(tmp_path / "hf" / "sparkserve" / "guard-stopped.json")
         try:
-            server.wait_healthy(timeout_s=300)
+            server.wait_healthy()
             assert server.proc is not None
             # A stress run is under way when the guard acts: its verdict must say so.
             stress, _ = _start_stress_until_first_level(

@@ -6,7 +6,8 @@ DFlash (a tiny DFlash drafter) for serve.sh, the target's MTP layer for mtp_serv
 test takes the run's server of its launcher (conftest.py: `shared_server`, `second_server`),
 sends a chat and a completion, sends a ~2000-token prompt twice and checks prefix-cache hits
 and the speculative-decoding counters on /metrics. The fixtures stop each server with SIGTERM
-(what `docker stop` sends) and require a clean exit within 30 s.
+(what `docker stop` sends) and require a clean exit within docker-compose.yml's
+stop_grace_period.
 
 The launchers find vLLM 0.32 here, so they apply both release workarounds on their own
 ("disable_eagle_block_drop" for DFlash, "--mamba-cache-mode align"); the test checks they did.

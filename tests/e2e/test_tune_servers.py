@@ -80,7 +80,7 @@ def tuned(
         assert server.proc is not None
         pid_file.write_text(f"{server.proc.pid}\n")
         try:
-            server.wait_healthy(timeout_s=300)
+            server.wait_healthy()
             yield Tuned(server, pid_file, cgroup)
         finally:
             server.stop(timeout_s=30)
