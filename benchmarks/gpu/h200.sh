@@ -70,6 +70,8 @@ if __name__ == "__main__":
     sys.exit(main())
 PY
   chmod +x "${ROOT}/bin/vllm"
+  # the image's build-time vLLM patches (docker/finish-image.sh), as the Spark image has them
+  (host_env && "${REPO}/docker/apply-vllm-patches.sh" python3)
   touch "${ROOT}/installed"
   step "installed in $((SECONDS - began)) s"
 }

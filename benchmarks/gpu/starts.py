@@ -12,7 +12,9 @@ What a start fills and what it leaves for the KV pool, per case, on a GPU the pr
   `cold` on a fresh model-cache volume (HF_HOME), `recreated` on the volume an earlier case
   filled (a `compose down` and `up`), `bf16` with SPARK_KEEP_BF16_LMHEAD=1 (then
   `bf16-recreated`), `nocal` with the head's calibration off (SPARK_LMHEAD_CALIBRATE=off:
-  the built-in table);
+  the built-in table); `stop-at-load` and `stop-at-load-unpatched` on the volume `cold`
+  filled: a SIGTERM to the launcher alone (`docker stop`) once the engine core logs its first
+  line, with vLLM as the image patches it and with the startup-stop patch reverted;
 - per case: seconds to healthy, vLLM's memory lines (available KV memory, KV tokens, the
   profiler's parts), the head's report, one completion, the stop's exit code and seconds, and
   what the start left in every cache on the volume and outside it (HOME, /tmp).
@@ -37,12 +39,14 @@ import urllib.request
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from sparkserve.knobs import stop_grace_s
 from sparkserve.selftest.models import write_models
 from sparkserve.vllm_command import start_caches
 
 REPO = Path(__file__).resolve().parents[2]
 RECIPE = REPO / "recipes" / "qwen3.5-122b-a10b"
 KEY = "gpu-check-key"
+STOP_GRACE_S = float(stop_grace_s())  # docker-compose.yml's stop_grace_period
 PORT = 8123
 # what serve.sh passes on the H200 host that the Spark image does not need: no flashinfer in
 # the bundle (FACTS "vLLM's CUDA build on an H200 host")
@@ -63,7 +67,15 @@ CASES: dict[str, tuple[str, bool, dict[str, str]]] = {
     "bf16": ("b", True, {"SPARK_KEEP_BF16_LMHEAD": "1"}),
     "bf16-recreated": ("b", False, {"SPARK_KEEP_BF16_LMHEAD": "1"}),
     "nocal": ("c", True, {"SPARK_LMHEAD_CALIBRATE": "off"}),
+    "stop-at-load": ("a", False, {}),
+    "stop-at-load-unpatched": ("a", False, {}),
 }
+# Cases stopped, as `docker stop` stops a container (SIGTERM to the launcher alone), once the
+# engine core's first line shows: the startup-stop patch's window (docs/PATCHES.md). The
+# unpatched case reverts the patch for its start and applies it again after. The stop is given
+# docker-compose.yml's stop_grace_period before its SIGKILL.
+STOP_AT_LOAD = {"stop-at-load": True, "stop-at-load-unpatched": False}
+ENGINE_STARTED = "(EngineCore"
 
 
 @dataclass
@@ -82,6 +94,8 @@ class Start:
     new_files: dict[str, int] = field(default_factory=dict)
     outside: list[str] = field(default_factory=list)
     skipped: str = ""
+    stopped_after_s: float | None = None  # stop-at-load cases: the SIGTERM, after the start
+    gpu_used_mib_after: int | None = None  # stop-at-load cases: the GPU's memory once it exited
 
 
 def files_under(path: Path) -> dict[str, int]:
@@ -133,6 +147,70 @@ def parse_log(log: str, start: Start) -> None:
     start.head = heads[-1][-400:] if heads else "no report"
 
 
+def patch_startup_stop(*args: str) -> None:
+    subprocess.run([sys.executable, "-m", "sparkserve", "patch", "startup-stop", *args],
+                   check=True)  # fmt: skip
+
+
+def gpu_used_mib() -> int:
+    query = ["nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader,nounits"]
+    done = subprocess.run(query, capture_output=True, text=True, check=True)
+    return int(done.stdout.split()[0])
+
+
+def stop_at_load(case: str, process: subprocess.Popen, log_path: Path, start: Start,
+                 deadline: float) -> None:  # fmt: skip
+    """SIGTERM the launcher once the engine core logs; time its exit (SIGKILL after the grace)."""
+    began = time.monotonic()
+    while process.poll() is None and time.monotonic() < deadline - STOP_GRACE_S:
+        if ENGINE_STARTED in log_path.read_text(errors="replace"):
+            break
+        time.sleep(0.2)
+    start.stopped_after_s = round(time.monotonic() - began, 1)
+    stopping = time.monotonic()
+    process.send_signal(signal.SIGTERM)
+    while process.poll() is None and time.monotonic() - stopping < STOP_GRACE_S:
+        if start.healthy_s is None and request("/health", timeout=1)[0] == 200:
+            start.healthy_s = round(time.monotonic() - began, 1)  # it came up after the stop
+        time.sleep(0.5)
+    if process.poll() is None:
+        os.killpg(process.pid, signal.SIGKILL)
+    start.stop_exit = process.wait()
+    start.stop_s = round(time.monotonic() - stopping, 1)
+    time.sleep(2)  # the driver frees a killed process's memory shortly after it is reaped
+    start.gpu_used_mib_after = gpu_used_mib()
+    print(
+        f"  {case}: SIGTERM after {start.stopped_after_s} s, exit {start.stop_exit} in "
+        f"{start.stop_s} s, GPU memory used after: {start.gpu_used_mib_after} MiB",
+        flush=True,
+    )
+
+
+def serve_then_stop(case: str, process: subprocess.Popen, start: Start, deadline: float) -> None:
+    """Wait until healthy, ask for one completion, then stop the whole group with SIGTERM."""
+    began = time.monotonic()
+    while process.poll() is None and time.monotonic() < deadline - 30:
+        if request("/health", timeout=2)[0] == 200:
+            start.healthy_s = round(time.monotonic() - began, 1)
+            break
+        print(f"  {case}: {time.monotonic() - began:4.0f} s, not healthy yet", flush=True)
+        time.sleep(5)
+    if start.healthy_s is not None:
+        status, body = request("/v1/completions", {
+            "model": "spark-geometry", "prompt": "The cache keeps", "max_tokens": 32,
+            "temperature": 0}, timeout=60)  # fmt: skip
+        start.completion = f"HTTP {status}: {body[:160]}"
+    stopping = time.monotonic()
+    if process.poll() is None:
+        os.killpg(process.pid, signal.SIGTERM)
+    try:
+        start.stop_exit = process.wait(timeout=60)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        start.stop_exit = process.wait()
+    start.stop_s = round(time.monotonic() - stopping, 1)
+
+
 def run_case(case: str, models: tuple[Path, Path], work: Path, out: Path, deadline: float,
              budget_s: float) -> Start:  # fmt: skip
     volume = work / f"volume-{CASES[case][0]}"
@@ -149,32 +227,21 @@ def run_case(case: str, models: tuple[Path, Path], work: Path, out: Path, deadli
     tmp_before = set(os.listdir("/tmp"))
     before = inventory(volume)
     log_path = out / f"{case}.log"
+    if STOP_AT_LOAD.get(case) is False:
+        patch_startup_stop("--revert")
     with log_path.open("w") as log:
         process = subprocess.Popen(
             [str(REPO / "serve.sh")], env=launcher_env(case, models, volume, home),
             stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
         )  # fmt: skip
-        began = time.monotonic()
-        while process.poll() is None and time.monotonic() < deadline - 30:
-            if request("/health", timeout=2)[0] == 200:
-                start.healthy_s = round(time.monotonic() - began, 1)
-                break
-            print(f"  {case}: {time.monotonic() - began:4.0f} s, not healthy yet", flush=True)
-            time.sleep(5)
-        if start.healthy_s is not None:
-            status, body = request("/v1/completions", {
-                "model": "spark-geometry", "prompt": "The cache keeps", "max_tokens": 32,
-                "temperature": 0}, timeout=60)  # fmt: skip
-            start.completion = f"HTTP {status}: {body[:160]}"
-        stopping = time.monotonic()
-        if process.poll() is None:
-            os.killpg(process.pid, signal.SIGTERM)
-        try:
-            start.stop_exit = process.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            os.killpg(process.pid, signal.SIGKILL)
-            start.stop_exit = process.wait()
-        start.stop_s = round(time.monotonic() - stopping, 1)
+        if case in STOP_AT_LOAD:
+            try:
+                stop_at_load(case, process, log_path, start, deadline)
+            finally:
+                if not STOP_AT_LOAD[case]:
+                    patch_startup_stop()
+        else:
+            serve_then_stop(case, process, start, deadline)
     parse_log(log_path.read_text(errors="replace"), start)
     after = inventory(volume)
     for name, files in after.items():
