@@ -9,6 +9,7 @@ alone) whether the file has the bug, the upstream fix, our patch, or something u
 
 from __future__ import annotations
 
+import ast
 import difflib
 import enum
 import os
@@ -66,6 +67,20 @@ class Patch(ABC):
     @abstractmethod
     def inspect(self, source: str) -> tuple[Finding, LineSpan | None]:
         """Classify an unpatched source; for NEEDED also return the lines to replace."""
+
+    def one_function(self, source: str, name: str) -> ast.FunctionDef | Finding:
+        """The target file's one top-level `def name`, or the UNRECOGNISED finding saying why
+        there is none to inspect (the file does not parse, or has no or several such defs)."""
+        try:
+            tree = ast.parse(source)
+        except SyntaxError as error:
+            return Finding(State.UNRECOGNISED, f"{self.info.target} does not parse: {error}")
+        functions = [
+            node for node in tree.body if isinstance(node, ast.FunctionDef) and node.name == name
+        ]
+        if len(functions) != 1:
+            return Finding(State.UNRECOGNISED, f"expected one {name}() in {self.info.target}")
+        return functions[0]
 
     def begin_marker(self) -> str:
         return f"# >>> sparkserve patch {self.info.name} (docs/PATCHES.md); original lines:"

@@ -82,20 +82,9 @@ class PrefixAlignPatch(Patch):
 
     def inspect(self, source: str) -> tuple[Finding, LineSpan | None]:
         where = f"{self.info.target}: {FUNCTION}()"
-        try:
-            tree = ast.parse(source)
-        except SyntaxError as error:
-            return Finding(State.UNRECOGNISED, f"{self.info.target} does not parse: {error}"), None
-        functions = [
-            node
-            for node in tree.body
-            if isinstance(node, ast.FunctionDef) and node.name == FUNCTION
-        ]
-        if len(functions) != 1:
-            return Finding(
-                State.UNRECOGNISED, f"expected one {FUNCTION}() in {self.info.target}"
-            ), None
-        function = functions[0]
+        function = self.one_function(source, FUNCTION)
+        if isinstance(function, Finding):
+            return function, None
         if any(_is_align_compare(node) for node in ast.walk(function)):
             return Finding(
                 State.FIXED_UPSTREAM, f'{where} already tests mamba_cache_mode != "align"'

@@ -48,22 +48,12 @@ class StartupStopPatch(Patch):
 
     def inspect(self, source: str) -> tuple[Finding, LineSpan | None]:
         where = f"{self.info.target}: {FUNCTION}()"
-        try:
-            tree = ast.parse(source)
-        except SyntaxError as error:
-            return Finding(State.UNRECOGNISED, f"{self.info.target} does not parse: {error}"), None
-        functions = [
-            node
-            for node in tree.body
-            if isinstance(node, ast.FunctionDef) and node.name == FUNCTION
-        ]
-        if len(functions) != 1:
-            return Finding(
-                State.UNRECOGNISED, f"expected one {FUNCTION}() in {self.info.target}"
-            ), None
+        function = self.one_function(source, FUNCTION)
+        if isinstance(function, Finding):
+            return function, None
         handlers = [
             node
-            for node in ast.walk(functions[0])
+            for node in ast.walk(function)
             if isinstance(node, ast.ExceptHandler) and _catches_keyboard_interrupt(node)
         ]
         if not handlers:
