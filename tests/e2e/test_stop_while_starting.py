@@ -15,8 +15,6 @@ from __future__ import annotations
 import os
 import signal
 import time
-import urllib.error
-import urllib.request
 from pathlib import Path
 
 import psutil
@@ -29,14 +27,6 @@ from support.vllm_server import START_GUARD_S
 pytestmark = pytest.mark.e2e
 
 ENGINE_STARTED = "(EngineCore"  # vLLM's prefix of every line the engine core process logs
-
-
-def _healthy(base_url: str) -> bool:
-    try:
-        with urllib.request.urlopen(base_url + "/health", timeout=2) as reply:
-            return reply.status == 200
-    except (urllib.error.URLError, ConnectionError, TimeoutError, OSError):
-        return False
 
 
 # vLLM's processes: its API server, the engine core, the workers and their multiprocessing
@@ -69,16 +59,14 @@ def test_a_stop_while_the_engine_loads_ends_the_start_within_the_grace_period(
             assert server.proc.poll() is None, "the launcher exited before the engine started"
             assert time.monotonic() < deadline, f"no engine core after {START_GUARD_S:.0f} s"
             time.sleep(0.2)
-        assert not _healthy(server.base_url), "served before the stop: the test came too late"
+        assert not server.healthy(), "served before the stop: the test came too late"
 
         server.proc.send_signal(signal.SIGTERM)  # what `docker stop` sends the launcher
         asked = time.monotonic()
         status = None
         while status is None and time.monotonic() - asked < STOP_GRACE_S:
             status = server.proc.poll()
-            assert status is not None or not _healthy(server.base_url), (
-                "the server came up after the stop"
-            )
+            assert status is not None or not server.healthy(), "the server came up after the stop"
             time.sleep(0.5)
         took = time.monotonic() - asked
         log = server.log_path.read_text(errors="replace")

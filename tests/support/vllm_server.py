@@ -108,6 +108,14 @@ class VllmServer:
     def _fail(self, why: str) -> ServerError:
         return ServerError(f"{why}\n--- {self.log_path} (tail) ---\n{tail(self.log_path)}")
 
+    def healthy(self) -> bool:
+        """/health answers 200 now."""
+        try:
+            with urllib.request.urlopen(self.base_url + "/health", timeout=2) as reply:
+                return reply.status == 200
+        except (urllib.error.URLError, ConnectionError, TimeoutError, OSError):
+            return False
+
     def wait_healthy(self, timeout_s: float = START_GUARD_S) -> float:
         """Poll /health until 200; returns seconds since start. Fails fast on exit."""
         assert self.proc is not None, "start() first"
@@ -116,13 +124,9 @@ class VllmServer:
             code = self.proc.poll()
             if code is not None:
                 raise self._fail(f"server exited with {code} before getting healthy")
-            try:
-                with urllib.request.urlopen(self.base_url + "/health", timeout=2) as r:
-                    if r.status == 200:
-                        self.ready_after_s = time.monotonic() - self.started_at
-                        return self.ready_after_s
-            except (urllib.error.URLError, ConnectionError, TimeoutError, OSError):
-                pass
+            if self.healthy():
+                self.ready_after_s = time.monotonic() - self.started_at
+                return self.ready_after_s
             time.sleep(0.5)
         raise self._fail(f"server not healthy after {timeout_s:.0f} s")
 
