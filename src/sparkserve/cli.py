@@ -35,6 +35,7 @@ COMMAND_MODULES: dict[str, str] = {
     "cluster": "sparkserve.cluster.cli",
     "tune": "sparkserve.tune.cli",
     "selftest": "sparkserve.selftest.run",
+    "verify": "sparkserve.verify.cli",
 }
 
 

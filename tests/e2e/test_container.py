@@ -34,6 +34,9 @@ sparkserve-cpu` as a user types it:
      with the candidate pool, the stress bank PASS, the value kept, running and written to .env;
   5c. `scripts/up.sh` with an out-of-range knob: refused by the launcher's dry run in a
      container of its own, the running server untouched, the last line names the knob;
+  5d. `scripts/verify.sh` from the host (the compose driver): the service recreated with each
+     reference setting (prefix cache off, the bf16 head), every check passes, and it ends on
+     its starting knobs, healthy;
   6. vLLM's API server SIGKILLed in the running container with a stream open: the container
      exits 137 (Docker's `die` event), Docker restarts it, it is healthy again by Docker's own
      healthcheck (timed); the stream ends with an error within a bound, never hangs;
@@ -772,6 +775,41 @@ def test_5c_up_sh_refuses_a_bad_knob_and_the_running_server_keeps_answering(
     assert unchanged.returncode == 0, unchanged.stderr
     assert project.inspect(SERVICE)["Id"] == running
     assert project.restarts(SERVICE) == 0
+
+
+def test_5d_verify_recreates_the_service_per_reference_and_ends_where_it_began(
+    project: ComposeProject, tmp_path: Path
+) -> None:
+    """`scripts/verify.sh` as docs/VERIFY.md gives it, from the host against the compose
+    deployment: test 5's server (the int8 head, prefix caching, no drafter) is recreated with
+    the cache off, then the bf16 head, then its own setting; every check it uses passes, and
+    the container ends on the starting knobs, healthy."""
+    serving(project)
+    before = project.inspect(SERVICE)["Config"]["Env"]
+    env = project.script_env(PYTHON=sys.executable, SPARKSERVE_ENV_FILE=str(project.env_file))
+    out = tmp_path / "verify"
+    done = subprocess.run(
+        [str(REPO / "scripts" / "verify.sh"), "--service", SERVICE, "--out", str(out),
+         "--gen-tokens", "16", "--healthy-timeout-s", str(HEALTHY_TIMEOUT_S)],
+        capture_output=True, text=True, timeout=4 * HEALTHY_TIMEOUT_S, env=env,
+    )  # fmt: skip
+    print(done.stdout, done.stderr)
+    assert done.returncode == 0, done.stderr[-3000:] + project.logs(SERVICE)[-4000:]
+    document = json.loads((out / "verify.json").read_text())
+    assert document["image"] == "cpu" and document["driver"] == "compose"
+    assert [s["name"] for s in document["settings"]] == [
+        "served", "prefix cache off", "bf16 head", "plain int8"]  # fmt: skip
+    found = {r["name"]: r for r in document["results"]}
+    for name in ("int8 head vs bf16", "prefix caching vs off", "key", "error bodies"):
+        assert found[name]["ok"] is True, found[name]
+    assert found["speculation vs plain"]["ok"] is None  # the cpu image drafts nothing
+    assert len(document["restart_s"]) == 3
+    after = project.inspect(SERVICE)["Config"]["Env"]
+    touched = ("PREFIX_CACHE=", "NUM_SPEC_TOKENS=", "SPARK_KEEP_BF16_LMHEAD=")
+    assert [e for e in after if e.startswith(touched)] == [
+        e for e in before if e.startswith(touched)]  # fmt: skip
+    assert project.state(SERVICE)["Health"]["Status"] == "healthy"
+    assert answers(port_of(project))
 
 
 def test_6_vllm_killed_exits_non_zero_and_docker_brings_it_back(project: ComposeProject) -> None:

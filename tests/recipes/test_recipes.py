@@ -208,6 +208,14 @@ MALFORMED = {
         _edit('launchers = ["mtp"]', 'launchers = ["mtp", "dflash"]'),
         "serves with dflash but sets no DRAFT_MODEL",
     ),
+    "verify-limit": (
+        _edit("[knobs]", "[verify]\nhead_max_delta = 0\n\n[knobs]"),
+        "[verify]: head_max_delta = 0: must be a number above 0, at most 10",
+    ),
+    "verify-unknown": (
+        _edit("[knobs]", "[verify]\nagreement = 0.9\n\n[knobs]"),
+        "[verify]: unknown limit 'agreement'; one of head_max_delta, numeric_tie",
+    ),
 }
 
 

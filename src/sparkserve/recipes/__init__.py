@@ -52,6 +52,17 @@ RECIPE_KNOBS: frozenset[str] = frozenset(
 REQUIRED = ("title", "launchers", "weights_gib", "sources", "knobs")
 
 
+@dataclass(frozen=True)
+class VerifyLimits:
+    """What `sparkserve verify` tolerates for a model (natural log; docs/VERIFY.md says why):
+    the int8 head may move a chosen token's log-probability by `head_max_delta`, and two
+    log-probabilities closer than `numeric_tie` are a tie that a different order of the same
+    arithmetic may break either way. A recipe's optional `[verify]` table sets them."""
+
+    head_max_delta: float = 0.1
+    numeric_tie: float = 0.05
+
+
 class RecipeError(KnobError):
     """A recipe cannot be used; the message is one line naming it and the problem."""
 
@@ -68,6 +79,7 @@ class Recipe:
     notes: str
     shared: dict[str, str]
     per_launcher: dict[str, dict[str, str]]
+    verify: VerifyLimits = VerifyLimits()
 
     @property
     def geometry(self) -> Path:
@@ -132,6 +144,20 @@ def _knob_values(table: dict[str, Any], where: str, launcher: str | None) -> dic
     return values
 
 
+def _verify_limits(table: Any, where: str) -> VerifyLimits:
+    if not isinstance(table, dict):
+        raise RecipeError(f"{where}: must be a table")
+    allowed = VerifyLimits.__dataclass_fields__
+    values: dict[str, float] = {}
+    for key, value in table.items():
+        if key not in allowed:
+            raise RecipeError(f"{where}: unknown limit {key!r}; one of {', '.join(allowed)}")
+        if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value <= 10:
+            raise RecipeError(f"{where}: {key} = {value!r}: must be a number above 0, at most 10")
+        values[key] = float(value)
+    return VerifyLimits(**values)
+
+
 def parse(path: Path) -> Recipe:
     """Read and check one recipe file; RecipeError (one line) on any problem."""
     where = str(path)
@@ -144,7 +170,7 @@ def parse(path: Path) -> Recipe:
     missing = [key for key in REQUIRED if key not in data]
     if missing:
         raise RecipeError(f"{where}: missing {', '.join(missing)} (needs {', '.join(REQUIRED)})")
-    unknown = set(data) - {*REQUIRED, "drafter_weights_gib", "notes"}
+    unknown = set(data) - {*REQUIRED, "drafter_weights_gib", "notes", "verify"}
     if unknown:
         raise RecipeError(f"{where}: unknown field(s) {', '.join(sorted(unknown))}")
     launchers = data["launchers"]
@@ -179,6 +205,7 @@ def parse(path: Path) -> Recipe:
         notes=str(data.get("notes", "")),
         shared=_knob_values(knobs, f"{where} [knobs]", None),
         per_launcher=per_launcher,
+        verify=_verify_limits(data.get("verify", {}), f"{where} [verify]"),
     )
     if "MODEL" not in recipe.shared:
         raise RecipeError(f"{where}: [knobs] must set MODEL")

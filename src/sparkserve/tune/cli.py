@@ -26,14 +26,14 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from sparkserve import __version__, recipes
+from sparkserve import __version__
 from sparkserve import command_line as cl
 from sparkserve.bench.prompts import KINDS
 from sparkserve.client.server import Server, ServerInfo
 from sparkserve.client.tool import BEFORE_LOAD_ERRORS, RunAborted, output_folder, say
 from sparkserve.dotenv import with_dotenv
 from sparkserve.guard import marker_path
-from sparkserve.knobs import BY_NAME, KnobError, Launcher
+from sparkserve.knobs import BY_NAME, KnobError
 from sparkserve.memory import checkpoint
 from sparkserve.memory.host import GIB, read_meminfo
 from sparkserve.recipes import RecipeError
@@ -41,64 +41,26 @@ from sparkserve.settings import Settings, check_budget, check_recipe_fits, resol
 from sparkserve.tune import candidates as cand
 from sparkserve.tune import report, workload
 from sparkserve.tune.draft_loop import run_draft_loop
-from sparkserve.tune.driver import ComposeDriver, Driver, LauncherDriver, RestartFailed
+from sparkserve.tune.driver import Driver, RestartFailed
+from sparkserve.tune.driver_options import (
+    add_restart_options,
+    launcher_of,
+    make_driver,
+    server_settings,
+)
 from sparkserve.tune.memory_loop import run_memory_loop, trials_as_dicts
 from sparkserve.tune.restarts import Interrupted, Restarts, estimate_line, interruptible, knob_lines
 
 PROG = "sparkserve tune"
-REPO = Path(__file__).resolve().parents[3]
-SERVICES: dict[str, Launcher] = {"sparkserve": "dflash", "sparkserve-mtp": "mtp",
-                                 "sparkserve-cpu": "dflash"}  # fmt: skip
 
 
 def _shared(parser: argparse.ArgumentParser) -> None:
-    cl.one_line_errors(parser, PROG)
-    parser.add_argument(
-        "--driver",
-        choices=("compose", "launcher"),
-        default="compose",
-        help="how the server is restarted (default compose)",
-    )
-    parser.add_argument(
-        "--service", default="sparkserve", help="compose: the server's service (default sparkserve)"
-    )
-    parser.add_argument(
-        "--project-dir",
-        type=Path,
-        default=REPO,
-        help="compose: the folder of docker-compose.yml (default this checkout)",
-    )
-    parser.add_argument(
-        "--launcher",
-        choices=("dflash", "mtp"),
-        default="dflash",
-        help="launcher: serve.sh (dflash) or mtp_serve.sh (mtp)",
-    )
-    parser.add_argument(
-        "--pid-file", type=Path, help="launcher: a file holding the running server's pid; updated"
-    )
-    parser.add_argument(
-        "--server-log",
-        type=Path,
-        help="launcher: where restarted servers log (default OUT/server.log)",
-    )
-    parser.add_argument("--url", help="the server (default http://127.0.0.1:$PORT)")
-    parser.add_argument("--model", help="served model name (default: the only one served)")
-    parser.add_argument("--out", type=Path, help="output folder (default: a new dated one)")
-    parser.add_argument(
-        "--env-file", type=Path, help="the compose .env the knobs come from; the environment wins"
-    )
+    add_restart_options(parser, PROG)
     parser.add_argument(
         "--write-env",
         type=Path,
         metavar="FILE",
         help="also write the knob line found into FILE (a compose .env)",
-    )
-    parser.add_argument(
-        "--healthy-timeout-s",
-        type=cl.ranged(float, "--healthy-timeout-s", 10),
-        default=900.0,
-        help="seconds a restart may take to be healthy (900)",
     )
     parser.add_argument(
         "--restart-s",
@@ -193,36 +155,6 @@ def add_command(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -
     draft.set_defaults(run=run_draft)
 
 
-def _driver(args: argparse.Namespace, env: Mapping[str, str], url: str, out: Path) -> Driver:
-    if args.driver == "launcher":
-        if args.pid_file is None:
-            raise cl.UsageError("--driver launcher needs --pid-file (the server's pid)")
-        driver: Driver = LauncherDriver(
-            args.launcher,
-            args.pid_file,
-            url,
-            args.server_log or out / "server.log",
-            recipes.launcher_dir(),
-        )
-    else:
-        driver = ComposeDriver(args.service, url, args.project_dir, args.env_file)
-    driver.check()  # type: ignore[attr-defined]
-    return driver
-
-
-def _launcher(args: argparse.Namespace) -> Launcher:
-    if args.driver == "compose":
-        return SERVICES.get(args.service, "dflash")
-    return args.launcher  # type: ignore[no-any-return]
-
-
-def _server_settings(knobs: Mapping[str, str], launcher: Launcher) -> Settings:
-    env = dict(knobs)
-    if "VLLM_API_KEY" in env:  # the launcher hands the key to vLLM under this name
-        env.setdefault("API_KEY", env["VLLM_API_KEY"])
-    return resolve_settings(env, launcher)
-
-
 class Prepared(NamedTuple):
     server: Server
     info: ServerInfo
@@ -233,13 +165,13 @@ class Prepared(NamedTuple):
 
 
 def _prepare(args: argparse.Namespace, env: Mapping[str, str], stem: str) -> Prepared:
-    settings = resolve_settings(env, _launcher(args))
+    settings = resolve_settings(env, launcher_of(args))
     url = args.url or f"http://127.0.0.1:{settings['PORT']}"
     server = Server(url, settings["API_KEY"])
     info = server.probe(args.model or None)
     out = output_folder(args.out, stem)
-    driver = _driver(args, env, url, out)
-    served = _server_settings(driver.knobs(), _launcher(args))
+    driver = make_driver(args, env, url, out)
+    served = server_settings(driver.knobs(), launcher_of(args))
     if served.pair:
         raise cl.UsageError("CLUSTER_NODES=2: tune restarts one server; tune a pair by hand")
     default_restart = args.restart_s

@@ -7,6 +7,9 @@ imports nothing heavy by itself. Every fix first checks that the code it replace
 the code it was written against and raises if it is not: a silent half-fix would be
 worse than the original error.
 
+Besides, ``faults`` breaks the int8 head or speculation on purpose where a test of
+``sparkserve verify`` asks for it (SPARKSERVE_TEST_FAULT), and nowhere else.
+
 The three fixes (see docs/CPU-TESTING.md):
 
 1. ``torchvision_free_qwen2vl``: ``qwen3_5.py`` imports ``qwen3_vl.py``, which imports
@@ -39,8 +42,9 @@ def register() -> None:
         return
     _registered = True
 
-    from sparkserve_cpu_shims import dflash, mamba_kernels, torchvision_free
+    from sparkserve_cpu_shims import dflash, faults, mamba_kernels, torchvision_free
 
     torchvision_free.install()
+    faults.install()  # only where a verify test asks for one (SPARKSERVE_TEST_FAULT)
     after_import("vllm.model_executor.models.qwen3_dflash", dflash.patch)
     after_import("vllm.v1.worker.mamba_utils", mamba_kernels.patch)

@@ -1,0 +1,97 @@
+"""The options and set-up every command that restarts a running server shares (`tune`,
+`verify`): which driver restarts it (compose or its launcher), where it answers, where the
+output goes, and the settings it was started with as sparkserve resolves them."""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Mapping
+from pathlib import Path
+
+from sparkserve import command_line as cl
+from sparkserve import recipes
+from sparkserve.knobs import Launcher
+from sparkserve.settings import Settings, resolve_settings
+from sparkserve.tune.driver import ComposeDriver, Driver, LauncherDriver
+
+REPO = Path(__file__).resolve().parents[3]
+# docker-compose.yml's server services and the launcher each runs
+SERVICES: dict[str, Launcher] = {"sparkserve": "dflash", "sparkserve-mtp": "mtp",
+                                 "sparkserve-cpu": "dflash"}  # fmt: skip
+
+
+def add_restart_options(parser: argparse.ArgumentParser, prog: str) -> None:
+    cl.one_line_errors(parser, prog)
+    parser.add_argument(
+        "--driver",
+        choices=("compose", "launcher"),
+        default="compose",
+        help="how the server is restarted (default compose)",
+    )
+    parser.add_argument(
+        "--service", default="sparkserve", help="compose: the server's service (default sparkserve)"
+    )
+    parser.add_argument(
+        "--project-dir",
+        type=Path,
+        default=REPO,
+        help="compose: the folder of docker-compose.yml (default this checkout)",
+    )
+    parser.add_argument(
+        "--launcher",
+        choices=("dflash", "mtp"),
+        default="dflash",
+        help="launcher: serve.sh (dflash) or mtp_serve.sh (mtp)",
+    )
+    parser.add_argument(
+        "--pid-file", type=Path, help="launcher: a file holding the running server's pid; updated"
+    )
+    parser.add_argument(
+        "--server-log",
+        type=Path,
+        help="launcher: where restarted servers log (default OUT/server.log)",
+    )
+    parser.add_argument("--url", help="the server (default http://127.0.0.1:$PORT)")
+    parser.add_argument("--model", help="served model name (default: the only one served)")
+    parser.add_argument("--out", type=Path, help="output folder (default: a new dated one)")
+    parser.add_argument(
+        "--env-file", type=Path, help="the compose .env the knobs come from; the environment wins"
+    )
+    parser.add_argument(
+        "--healthy-timeout-s",
+        type=cl.ranged(float, "--healthy-timeout-s", 10),
+        default=900.0,
+        help="seconds a restart may take to be healthy (900)",
+    )
+
+
+def make_driver(args: argparse.Namespace, env: Mapping[str, str], url: str, out: Path) -> Driver:
+    """The driver the options name, checked: UsageError (or NotSparkserve) before any restart."""
+    if args.driver == "launcher":
+        if args.pid_file is None:
+            raise cl.UsageError("--driver launcher needs --pid-file (the server's pid)")
+        driver: Driver = LauncherDriver(
+            args.launcher,
+            args.pid_file,
+            url,
+            args.server_log or out / "server.log",
+            recipes.launcher_dir(),
+        )
+    else:
+        driver = ComposeDriver(args.service, url, args.project_dir, args.env_file)
+    driver.check()  # type: ignore[attr-defined]
+    return driver
+
+
+def launcher_of(args: argparse.Namespace) -> Launcher:
+    if args.driver == "compose":
+        return SERVICES.get(args.service, "dflash")
+    return args.launcher  # type: ignore[no-any-return]
+
+
+def server_settings(knobs: Mapping[str, str], launcher: Launcher) -> Settings:
+    """The settings of the running server, from the knobs its driver reports."""
+    env = dict(knobs)
+    if "VLLM_API_KEY" in env:  # the launcher hands the key to vLLM under this name
+        env.setdefault("API_KEY", env["VLLM_API_KEY"])
+    return resolve_settings(env, launcher)

@@ -1,0 +1,98 @@
+"""The API as clients use it, on the served setting: selftest's checks of the key on every
+route, completions, chat, streaming, tool calls and the reasoning split, plus the error bodies
+a client reads when it asks for something the server refuses."""
+
+from __future__ import annotations
+
+import http.client
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from sparkserve.selftest import checks
+from sparkserve.selftest.checks import Probe, Result
+from sparkserve.settings import Settings
+
+
+def probe_for(server: Any, model: str, settings: Settings, out: Path) -> Probe:
+    return Probe(server=server, key=settings["API_KEY"], model=model, speculative=False,
+                 head_report_dir=out, int8_head=False, cuda=False,
+                 metrics_open=settings.flag("METRICS_OPEN"))  # fmt: skip
+
+
+def _post(probe: Probe, path: str, body: dict[str, Any]) -> tuple[int, Any]:
+    server = probe.server
+    connection = http.client.HTTPConnection(server.host, server.port, timeout=120)
+    headers = {"Content-Type": "application/json"}
+    if probe.key:
+        headers["Authorization"] = f"Bearer {probe.key}"
+    try:
+        connection.request("POST", server.prefix + path, json.dumps(body), headers)
+        response = connection.getresponse()
+        raw = response.read().decode(errors="replace")
+    finally:
+        connection.close()
+    try:
+        return response.status, json.loads(raw)
+    except ValueError:
+        return response.status, raw
+
+
+def _error_message(body: Any) -> str:
+    """The message of an OpenAI-style error body ({"error": {"message": ...}}), or of vLLM's
+    older flat one ({"message": ...}); empty where there is none."""
+    if isinstance(body, dict):
+        inner = body.get("error", body)
+        if isinstance(inner, dict) and isinstance(inner.get("message"), str):
+            return str(inner["message"])
+    return ""
+
+
+def check_error_bodies(probe: Probe, max_len: int) -> Result:
+    """A request longer than the context gets 400 and an unknown model 404, each with a JSON
+    error body whose message a client can show."""
+    asks = {
+        "too long": (400, {"model": probe.model, "prompt": "hi", "max_tokens": max_len + 1}),
+        "unknown model": (404, {"model": probe.model + "-no-such", "prompt": "hi",
+                                "max_tokens": 1}),
+    }  # fmt: skip
+    wrong, seen = [], []
+    for what, (expected, body) in asks.items():
+        status, reply = _post(probe, "/v1/completions", body)
+        message = _error_message(reply)
+        seen.append(f"{what}: {status} {message[:60]!r}")
+        if status != expected or not message:
+            wrong.append(f"{what}: {status} (expected {expected} with a message)")
+    return Result("error bodies", not wrong, "; ".join(wrong or seen))
+
+
+def steps(probe: Probe, settings: Settings, max_len: int) -> list[tuple[str, Callable[[], Result]]]:
+    """The API checks that apply: tool calls need the recipe's tool parser, the reasoning split
+    its reasoning parser; the key check needs a key."""
+    found: list[tuple[str, Callable[[], Result]]] = []
+    if probe.key:
+        found.append(("key", lambda: checks.check_key(probe)))
+    found += [
+        ("completion", lambda: checks.check_completion(probe)),
+        ("chat", lambda: checks.check_chat(probe)),
+        ("stream", lambda: checks.check_stream(probe)),
+        ("error bodies", lambda: check_error_bodies(probe, max_len)),
+    ]
+    if settings["TOOL_PARSER"]:
+        found.append(("tool call", lambda: checks.check_tool_call(probe)))
+    if settings["REASONING_PARSER"]:
+        found.append(("reasoning", lambda: checks.check_reasoning(probe)))
+    return found
+
+
+def skipped(probe: Probe, settings: Settings) -> list[Result]:
+    """What the API checks leave out, said as results that judge nothing."""
+    notes = []
+    if not probe.key:
+        notes.append(Result("key", None, "no API_KEY: every route is open (not checked)"))
+    if not settings["TOOL_PARSER"]:
+        notes.append(Result("tool call", None, "no TOOL_PARSER: not checked"))
+    if not settings["REASONING_PARSER"]:
+        notes.append(Result("reasoning", None, "no REASONING_PARSER: not checked"))
+    return notes

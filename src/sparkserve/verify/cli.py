@@ -1,0 +1,274 @@
+"""`sparkserve verify`: prove on this machine that what sparkserve changes in the model (the
+int8 lm-head) and in its decoding (DFlash or MTP speculation, prefix caching) left its output
+as the plain model's, and that the API answers as clients expect.
+
+The running server is restarted through compose (`--driver compose`) or its launcher
+(`--driver launcher --pid-file F`) with each reference setting: prefix caching off, the bf16
+head, no speculation. A fixed, versioned prompt set (chat, code, tool use, a long shared
+prefix) is sent as token ids, greedy, to each (docs/VERIFY.md). The server is left running
+with its starting setting, also when interrupted.
+
+Exit status: 0 every check passed, 1 a check failed (named on stderr), 2 bad input or a
+server that is not sparkserve's (nothing restarted), 3 a restart broke off, 130 interrupted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import os
+import sys
+from collections.abc import Mapping
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+from sparkserve import __version__, recipes
+from sparkserve import command_line as cl
+from sparkserve.client.server import Server, ServerError
+from sparkserve.client.tool import BEFORE_LOAD_ERRORS, output_folder, say
+from sparkserve.dotenv import with_dotenv
+from sparkserve.recipes import RecipeError
+from sparkserve.selftest.checks import Result, run_checks
+from sparkserve.settings import resolve_settings
+from sparkserve.tune.driver import RestartFailed
+from sparkserve.tune.driver_options import (
+    add_restart_options,
+    launcher_of,
+    make_driver,
+    server_settings,
+)
+from sparkserve.tune.restarts import Interrupted, interruptible
+from sparkserve.verify import api, collect, compare, phases, report
+from sparkserve.verify.prompts import VERSION
+
+PROG = "sparkserve verify"
+
+
+def add_command(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    parser = commands.add_parser(
+        "verify",
+        help="check the int8 head, speculation and prefix caching against the plain model by "
+        "restarting the server with each",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    add_restart_options(parser, PROG)
+    parser.add_argument(
+        "--checks", default=",".join(phases.CHECKS),
+        help=f"which, comma-separated (default all: {','.join(phases.CHECKS)})",
+    )  # fmt: skip
+    parser.add_argument(
+        "--gen-tokens", type=cl.ranged(int, "--gen-tokens", 4, 4096), default=64,
+        help="greedy tokens per prompt (64)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--head-max-delta", type=cl.ranged(float, "--head-max-delta", 0.0),
+        help="the int8 head's largest |delta logprob| (default: the recipe's)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--numeric-tie", type=cl.ranged(float, "--numeric-tie", 0.0),
+        help="log-probabilities closer than this are a tie (default: the recipe's)",
+    )  # fmt: skip
+    parser.set_defaults(run=run)
+
+
+def _checks(text: str) -> set[str]:
+    chosen = {c.strip() for c in text.split(",") if c.strip()}
+    unknown = sorted(chosen - set(phases.CHECKS))
+    if not chosen or unknown:
+        bad = unknown[0] if unknown else text
+        raise cl.UsageError(f"bad --checks {bad!r}: one or more of {','.join(phases.CHECKS)}")
+    return chosen
+
+
+class Collected:
+    """What each phase read: greedy runs by prompt, and teacher-forced scores."""
+
+    def __init__(self) -> None:
+        self.runs: dict[str, dict[str, collect.Run]] = {}
+        self.scores: dict[str, dict[str, list[collect.Score]]] = {}
+        self.repeat: dict[str, collect.Run] = {}
+        self.repeat_hits = 0.0
+
+
+def _greedy_all(server: Server, model: str, prompts: list[collect.Rendered],
+                gen: int) -> dict[str, collect.Run]:  # fmt: skip
+    return {p.prompt.name: collect.greedy(server, model, p, gen) for p in prompts}
+
+
+def _serve_phase(phase: phases.Phase, server: Server, model: str, prompts: list[collect.Rendered],
+                 args: argparse.Namespace, got: Collected, uses: phases.Uses,
+                 checks: set[str]) -> None:  # fmt: skip
+    got.runs[phase.name] = _greedy_all(server, model, prompts, args.gen_tokens)
+    say(f"[verify] {phase.name}: {len(prompts)} prompts x {args.gen_tokens} greedy tokens")
+    if phase.name == phases.SERVED and "prefix" in checks and uses.prefix_cache:
+        shared = [p for p in prompts if p.prompt.shared_prefix]
+
+        def again() -> None:
+            got.repeat.update(_greedy_all(server, model, shared, args.gen_tokens))
+
+        got.repeat_hits = collect.prefix_hits(server, again)
+        say(f"[verify] served: the shared prefix again, {got.repeat_hits:.0f} tokens hit")
+    if phase.name == phases.PLAIN:
+        by_name = {p.prompt.name: p for p in prompts}
+        for reference in (phases.SERVED, phases.BF16):
+            if reference == phases.SERVED and not ("speculation" in checks and uses.speculating):
+                continue
+            if reference not in got.runs:
+                continue
+            got.scores[reference] = {
+                name: collect.score(server, model, by_name[name], run)
+                for name, run in got.runs[reference].items()
+            }
+            say(f"[verify] {phase.name}: scored the {reference} runs (teacher-forced)")
+
+
+def _unused(name: str, knob: str) -> tuple[str, Result]:
+    return phases.SERVED, Result(name, None, f"{knob}: not used, not checked")
+
+
+def _verdicts(
+    got: Collected, uses: phases.Uses, checks: set[str], max_delta: float, tie: float
+) -> list[tuple[str, Result]]:
+    found: list[tuple[str, Result]] = []
+    served = got.runs[phases.SERVED]
+    if "prefix" in checks and not uses.prefix_cache:
+        found.append(_unused("prefix caching vs off", "PREFIX_CACHE=0"))
+    elif "prefix" in checks:
+        first = {name: served[name] for name in got.repeat}
+        repeated = compare.same_runs("repeat", got.repeat, first, tie)
+        off = compare.same_runs("cache off", served, got.runs[phases.PREFIX_OFF], tie)
+        verdict = compare.prefix_caching(got.repeat_hits, repeated, off)
+        found.append((phases.PREFIX_OFF, verdict))
+    if "speculation" in checks and not uses.speculating:
+        found.append(_unused("speculation vs plain", "NUM_SPEC_TOKENS=0"))
+    elif "speculation" in checks:
+        plain = got.runs[phases.PLAIN]
+        verdict = compare.speculation(served, plain, got.scores[phases.SERVED], tie)
+        found.append((phases.PLAIN, verdict))
+    if "head" in checks and not uses.int8_head:
+        found.append(_unused("int8 head vs bf16", "SPARK_KEEP_BF16_LMHEAD=1"))
+    elif "head" in checks:
+        verdict = compare.int8_head(got.runs[phases.BF16], got.scores[phases.BF16], max_delta)
+        found.append((phases.BF16, verdict))
+    return found
+
+
+def _limits(args: argparse.Namespace, recipe_name: str) -> tuple[float, float, str]:
+    try:
+        limits = recipes.load(recipe_name).verify
+        source = f"recipe {recipe_name}"
+    except RecipeError:
+        limits, source = recipes.VerifyLimits(), "the default limits"
+    max_delta = limits.head_max_delta if args.head_max_delta is None else args.head_max_delta
+    tie = limits.numeric_tie if args.numeric_tie is None else args.numeric_tie
+    return max_delta, tie, source
+
+
+def _verify(args: argparse.Namespace, env: Mapping[str, str]) -> int:
+    checks = _checks(args.checks)
+    settings = resolve_settings(env, launcher_of(args))
+    url = args.url or f"http://127.0.0.1:{settings['PORT']}"
+    server = Server(url, settings["API_KEY"])
+    info = server.probe(args.model or None)
+    out = output_folder(args.out, "verify")
+    driver = make_driver(args, env, url, out)
+    served = server_settings(driver.knobs(), launcher_of(args))
+    if served.pair:
+        raise cl.UsageError("CLUSTER_NODES=2: verify restarts one server; verify a pair by hand")
+    uses = phases.Uses.of(served)
+    max_delta, tie, limits_source = _limits(args, served["RECIPE"])
+    plan = phases.plan(uses, checks)
+    max_len = info.max_model_len or served.integer("MAX_MODEL_LEN")
+    say(f"[verify] {info.model} at {server.url}: speculation {'on' if uses.speculating else 'off'}"
+        f", {'int8' if uses.int8_head else 'bf16'} head, prefix caching "
+        f"{'on' if uses.prefix_cache else 'off'}; settings {', '.join(p.name for p in plan)}; "
+        f"{max(len(plan) - 1, 0)} restart(s) and one back; prompt set {VERSION}")  # fmt: skip
+    prompts = collect.render(server, info.model, max_len, args.gen_tokens)
+    started_at = dt.datetime.now(dt.UTC)
+    restarter = phases.Restarter.of(driver, args.healthy_timeout_s, say)
+    got = Collected()
+    results: list[tuple[str, Result]] = []
+    status = cl.EXIT_OK
+    try:
+        for phase in plan:
+            restarter.serve(phase)
+            if phase.name == phases.SERVED and "api" in checks:
+                probe = api.probe_for(server, info.model, served, out)
+                steps = api.steps(probe, served, max_len)
+                found = run_checks(probe, steps, lambda line: say(f"[verify] api: {line}"))
+                results += [(phase.name, r) for r in [*found, *api.skipped(probe, served)]]
+            _serve_phase(phase, server, info.model, prompts, args, got, uses, checks)
+        results += _verdicts(got, uses, checks, max_delta, tie)
+    except (ServerError, RestartFailed, KeyError, IndexError, TypeError, ValueError) as exc:
+        results.append(("", Result("run", False, f"{type(exc).__name__}: {exc}"[:300])))
+        status = cl.EXIT_STOPPED
+    except Interrupted as exc:
+        results.append(("", Result("run", False, f"interrupted ({exc})")))
+        status = cl.EXIT_INTERRUPTED
+    finally:
+        restarter.restore()
+    document = {
+        "tool": PROG, "version": __version__, "prompt_set": VERSION,
+        "started_at": started_at.isoformat(timespec="seconds"), "url": server.url,
+        "model": info.model, "driver": args.driver, "launcher": served.launcher,
+        "image": served.image, "recipe": served["RECIPE"], "vllm": _vllm_version(server),
+        "uses": asdict(uses), "settings": [asdict(p) for p in plan],
+        "gen_tokens": args.gen_tokens, "head_max_delta": max_delta, "numeric_tie": tie,
+        "limits": limits_source, "restart_s": restarter.took_s,
+        "prompts": {p.prompt.name: {"kind": p.prompt.kind, "tokens": len(p.ids)}
+                    for p in prompts},
+        "results": [{"setting": phase, **asdict(r)} for phase, r in results],
+        "runs": {phase: {name: asdict(run) for name, run in runs.items()}
+                 for phase, runs in got.runs.items()},
+        "failed": report.failed(results),
+        "files": {"json": "verify.json", "png": "verify.png"},
+    }  # fmt: skip
+    _write(out, document)
+    print(report.table(results))
+    if status == cl.EXIT_INTERRUPTED:
+        say(f"[verify] {results[-1][1].detail}: the starting setting is back")
+        return status
+    if status != cl.EXIT_OK:
+        return cl.fail(PROG, results[-1][1].detail, status)
+    if document["failed"]:
+        print(f"{PROG}: FAILED: {', '.join(document['failed'])} ({out}/verify.json)",
+              file=sys.stderr)  # fmt: skip
+        return cl.EXIT_FAILED
+    print(f"{PROG}: passed ({out}/verify.json)", file=sys.stderr)
+    return cl.EXIT_OK
+
+
+def _vllm_version(server: Server) -> str:
+    """The release the server runs, as its /version says."""
+    try:
+        return str(server.request("/version")["version"])
+    except (ServerError, KeyError, TypeError):
+        return "unknown"
+
+
+def _write(out: Path, document: dict[str, Any]) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    try:
+        report.plot(document, out / "verify.png")
+    except ImportError as exc:
+        document["files"]["png"] = None
+        say(f"[verify] no plot: {exc} (install matplotlib)")
+    (out / "verify.json").write_text(json.dumps(document, indent=1, default=str) + "\n")
+    say(f"[verify] wrote {out}/verify.json")
+
+
+def run(args: argparse.Namespace, env: Mapping[str, str] | None = None) -> int:
+    try:
+        merged = with_dotenv(os.environ if env is None else env, args.env_file)
+        with interruptible():
+            return _verify(args, merged)
+    except (*BEFORE_LOAD_ERRORS, RecipeError) as exc:
+        return cl.fail(PROG, exc, cl.EXIT_BAD_INPUT)
+    except Interrupted as exc:
+        say(f"[verify] interrupted ({exc}): the starting setting is back")
+        return cl.EXIT_INTERRUPTED
+    except RestartFailed as exc:
+        return cl.fail(PROG, exc, cl.EXIT_STOPPED)

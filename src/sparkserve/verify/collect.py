@@ -1,0 +1,128 @@
+"""What verify reads off one running server: the prompt set rendered to token ids, greedy
+runs with the top two log-probabilities of every generated token, and teacher-forced scores
+(the server's own log-probability and rank of another run's tokens, position by position).
+Everything goes through token ids (`return_tokens_as_token_ids`, `prompt_logprobs`), so runs of
+different settings line up token for token."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from sparkserve.client import metrics
+from sparkserve.client.server import Server, ServerError
+from sparkserve.verify.prompts import PROMPTS, Prompt, document
+
+# The long shared system message: at most this many tokens, and at most half the context
+DOCUMENT_TOKENS = 8192
+TOKEN_ID = "token_id:"
+
+
+@dataclass(frozen=True)
+class Rendered:
+    prompt: Prompt
+    ids: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class Run:
+    """One greedy generation: the tokens, each one's log-probability, and the margin of the
+    choice there (its log-probability minus the runner-up's; inf where there was none)."""
+
+    name: str
+    tokens: tuple[int, ...]
+    logprobs: tuple[float, ...]
+    margins: tuple[float, ...]
+
+
+@dataclass(frozen=True)
+class Score:
+    """A token of another run, as this server scores it at its position: its log-probability,
+    its rank (1: the server's own greedy choice) and the server's top log-probability."""
+
+    token: int
+    logprob: float
+    rank: int
+    top_logprob: float
+
+    @property
+    def gap(self) -> float:
+        """How far the token is below the server's own choice (0 where it is that choice)."""
+        return self.top_logprob - self.logprob
+
+
+def _token(text: str) -> int:
+    if not text.startswith(TOKEN_ID):
+        raise ServerError(f"expected a token id ({TOKEN_ID}N), got {text[:40]!r}")
+    return int(text[len(TOKEN_ID) :])
+
+
+def render(server: Server, model: str, max_len: int, gen_tokens: int) -> list[Rendered]:
+    """The prompt set as the server tokenises it. The shared document is sized to the
+    context: about min(DOCUMENT_TOKENS, half the context) tokens."""
+    target = min(DOCUMENT_TOKENS, max_len // 2)
+    sample = 40
+    per_paragraph = max(1.0, len(server.tokenize(model, document(sample))) / sample)
+    paragraphs = max(1, int(target / per_paragraph))
+    limit = max_len - gen_tokens - 8  # room for the reply and a teacher-forced run
+    while True:
+        text = document(paragraphs)
+        rendered = [
+            Rendered(p, tuple(_ids(server.request("/tokenize", p.tokenize_body(model, text)))))
+            for p in PROMPTS
+        ]
+        if max(len(r.ids) for r in rendered) <= limit or paragraphs == 1:
+            return rendered
+        paragraphs = max(1, paragraphs * 9 // 10)
+
+
+def _ids(reply: Any) -> list[int]:
+    try:
+        return [int(t) for t in reply["tokens"]]
+    except (TypeError, KeyError, ValueError):
+        raise ServerError("/tokenize: unexpected answer") from None
+
+
+def greedy(server: Server, model: str, prompt: Rendered, gen_tokens: int) -> Run:
+    """`gen_tokens` greedy tokens (the end-of-sequence token does not stop it, so every
+    setting generates as many) with the top two log-probabilities of each."""
+    reply = server.request("/v1/completions", {
+        "model": model, "prompt": list(prompt.ids), "max_tokens": gen_tokens,
+        "temperature": 0, "logprobs": 2, "ignore_eos": True,
+        "return_tokens_as_token_ids": True}, timeout_s=600)  # fmt: skip
+    found = reply["choices"][0]["logprobs"]
+    tokens = tuple(_token(t) for t in found["tokens"])
+    logprobs = tuple(float(v) for v in found["token_logprobs"])
+    margins = []
+    for top in found["top_logprobs"]:
+        values = sorted((float(v) for v in (top or {}).values()), reverse=True)
+        margins.append(values[0] - values[1] if len(values) > 1 else math.inf)
+    return Run(prompt.prompt.name, tokens, logprobs, tuple(margins))
+
+
+def score(server: Server, model: str, prompt: Rendered, run: Run) -> list[Score]:
+    """The server's scores of `run`'s tokens after the prompt (teacher forcing: each position
+    sees the run's tokens before it, not the server's own)."""
+    ids = [*prompt.ids, *run.tokens]
+    reply = server.request("/v1/completions", {
+        "model": model, "prompt": ids, "max_tokens": 1, "temperature": 0,
+        "prompt_logprobs": 1}, timeout_s=600)  # fmt: skip
+    entries = reply["choices"][0]["prompt_logprobs"][len(prompt.ids) :]
+    scores = []
+    for token, entry in zip(run.tokens, entries, strict=True):
+        found = {int(k): v for k, v in (entry or {}).items()}
+        if token not in found:
+            raise ServerError(f"prompt_logprobs left out token {token}")
+        top = max(float(v["logprob"]) for v in found.values())
+        mine = found[token]
+        scores.append(Score(token, float(mine["logprob"]), int(mine["rank"]), top))
+    return scores
+
+
+def prefix_hits(server: Server, action: Any) -> float:
+    """Prefix-cache hits (tokens) that `action()` caused, from /metrics."""
+    before = server.settled_metrics()
+    action()
+    after = server.settled_metrics()
+    return metrics.delta(before, after, metrics.PREFIX_HITS) or 0.0

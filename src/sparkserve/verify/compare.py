@@ -1,0 +1,125 @@
+"""The verdicts: runs and scores of different settings compared, position by position. Pure
+functions of what `collect` read; each returns a selftest `Result` (passed, failed, or seen)
+whose data holds the figures the report plots.
+
+Two tokens closer than `numeric_tie` (natural log) are a tie: a different order of the same
+arithmetic (a batch of drafted tokens verified at once, a state read back from the prefix
+cache) may pick either, and no setting is wrong to. Anything wider is a different answer.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Mapping, Sequence
+
+from sparkserve.selftest.checks import Result
+from sparkserve.verify.collect import Run, Score
+
+
+def first_divergence(run: Run, reference: Run) -> int | None:
+    return next(
+        (i for i, (a, b) in enumerate(zip(run.tokens, reference.tokens, strict=False)) if a != b),
+        None,
+    )
+
+
+def agreement_by_position(scored: Mapping[str, Sequence[Score]]) -> list[float]:
+    """Per generated position, the share of prompts whose token there is the scoring server's
+    own greedy choice (rank 1)."""
+    length = max((len(s) for s in scored.values()), default=0)
+    shares = []
+    for position in range(length):
+        ranks = [s[position].rank for s in scored.values() if position < len(s)]
+        shares.append(sum(1 for r in ranks if r == 1) / len(ranks))
+    return shares
+
+
+def speculation(
+    drafted: Mapping[str, Run],
+    plain: Mapping[str, Run],
+    scored: Mapping[str, Sequence[Score]],
+    numeric_tie: float,
+) -> Result:
+    """Greedy speculation is exact: every token the speculating server emitted must be the
+    plain server's greedy choice at that position (teacher-forced), or tie with it. The first
+    place the two free runs part is reported with the plain run's margin there."""
+    wrong, notes = [], []
+    for name, scores in scored.items():
+        bad = [i for i, s in enumerate(scores) if s.rank != 1 and s.gap > numeric_tie]
+        at = first_divergence(drafted[name], plain[name])
+        if at is None:
+            notes.append(f"{name}: identical")
+        else:
+            notes.append(f"{name}: parts at token {at} (margin {plain[name].margins[at]:.3f})")
+        if bad:
+            worst = max(scores[i].gap for i in bad)
+            wrong.append(f"{name}: {len(bad)} of {len(scores)} tokens not the plain model's "
+                         f"choice, first at {bad[0]}, up to {worst:.3f} below it")  # fmt: skip
+    agreement = agreement_by_position(scored)
+    data = {"agreement_by_position": agreement, "first_divergence": {
+        name: first_divergence(drafted[name], plain[name]) for name in scored}}  # fmt: skip
+    detail = "; ".join(wrong) if wrong else "every drafted token is the plain model's choice"
+    return Result("speculation vs plain", not wrong, f"{detail} ({'; '.join(notes)})", data)
+
+
+def int8_head(
+    reference: Mapping[str, Run],
+    scored: Mapping[str, Sequence[Score]],
+    max_delta: float,
+) -> Result:
+    """The int8 head scores the bf16 head's greedy tokens: at every position its own choice
+    must be the bf16 head's, but where the bf16 head's margin is within 2 x max_delta (two
+    log-probabilities each moved by max_delta can swap), and the chosen token's
+    log-probability may move by max_delta at most."""
+    deltas, wrong, positions = [], [], 0
+    for name, scores in scored.items():
+        run = reference[name]
+        for i, s in enumerate(scores):
+            positions += 1
+            deltas.append(abs(s.logprob - run.logprobs[i]))
+            if s.rank != 1 and run.margins[i] > 2 * max_delta:
+                wrong.append(f"{name} token {i} (bf16 margin {run.margins[i]:.3f})")
+    agreement = agreement_by_position(scored)
+    agreed = sum(1 for scores in scored.values() for s in scores if s.rank == 1)
+    largest = max(deltas, default=0.0)
+    mean = statistics.fmean(deltas) if deltas else 0.0
+    ok = not wrong and largest <= max_delta
+    detail = (f"top-1 agreement {agreed} of {positions}; |delta logprob| largest "
+              f"{largest:.4f}, mean {mean:.4f} (limit {max_delta:g})")  # fmt: skip
+    if wrong:
+        detail += f"; a clear choice changed at {', '.join(wrong[:3])}"
+        detail += f" and {len(wrong) - 3} more" if len(wrong) > 3 else ""
+    data = {"agreement_by_position": agreement, "agreed": agreed, "positions": positions,
+            "largest_delta": largest, "mean_delta": mean, "max_delta": max_delta}  # fmt: skip
+    return Result("int8 head vs bf16", ok, detail, data)
+
+
+def same_runs(name: str, runs: Mapping[str, Run], reference: Mapping[str, Run],
+              numeric_tie: float) -> Result:  # fmt: skip
+    """Two settings' free greedy runs: identical, or parting only at a tie of the reference."""
+    notes, wrong = [], []
+    for prompt, ref in reference.items():
+        at = first_divergence(runs[prompt], ref)
+        if at is None:
+            continue
+        margin = ref.margins[at]
+        (wrong if margin > numeric_tie else notes).append(
+            f"{prompt} parts at token {at} (margin {margin:.3f})"
+        )
+    same = len(reference) - len(wrong) - len(notes)
+    detail = f"{same} of {len(reference)} prompts identical"
+    if notes:
+        detail += f"; at a tie: {', '.join(notes)}"
+    if wrong:
+        detail += f"; different: {', '.join(wrong)}"
+    return Result(name, not wrong, detail)
+
+
+def prefix_caching(repeat_hits: float, repeated: Result, off: Result) -> Result:
+    """Prefix caching on: a repeated shared prefix hits the cache (vLLM #45238's silent 0%
+    fails), the repeat answers as the first send did, and the server without the cache
+    answers as the one with it."""
+    ok = repeat_hits > 0 and repeated.ok is not False and off.ok is not False
+    detail = (f"{repeat_hits:.0f} tokens hit on the repeated prefix; repeat: {repeated.detail}; "
+              f"cache off: {off.detail}")  # fmt: skip
+    return Result("prefix caching vs off", ok, detail, {"repeat_hits": repeat_hits})

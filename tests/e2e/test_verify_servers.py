@@ -1,0 +1,143 @@
+"""`sparkserve verify` against a real vLLM CPU server that serve.sh runs (the tiny hybrid
+target, the tiny DFlash drafter, the int8 head, prefix caching) and that verify restarts
+through its launcher driver: a sound server passes every check and is left as it was; a
+server whose int8 head has its row scales off by one row, and whose speculation accepts every
+draft (tests/cpu_shims faults), fails exactly those two checks, each named."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from sparkserve.tune.driver import process_environ
+from support.cpu_launch import launcher_server
+from support.vllm_server import VllmServer, tail
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+KEY = "verify-test-key"
+GEN_TOKENS = "16"
+TOUCHED = ("PREFIX_CACHE", "NUM_SPEC_TOKENS", "SPARK_KEEP_BF16_LMHEAD")
+
+
+class Running:
+    def __init__(self, server: VllmServer, pid_file: Path) -> None:
+        self.server = server
+        self.pid_file = pid_file
+
+    @property
+    def pid(self) -> int:
+        return int(self.pid_file.read_text())
+
+    def knobs(self) -> dict[str, str]:
+        env = process_environ(self.pid)
+        return {k: env.get(k, "") for k in TOUCHED}
+
+
+@contextlib.contextmanager
+def running(
+    work: Path, tiny_models: dict[str, str], site: Path, fault: str = ""
+) -> Iterator[Running]:
+    knobs = {"API_KEY": KEY, "SPARKSERVE_TEST_FAULT": fault}
+    server = launcher_server(work, "dflash", tiny_models, site, knobs).start()
+    pid_file = work / "server.pid"
+    assert server.proc is not None
+    pid_file.write_text(f"{server.proc.pid}\n")
+    try:
+        server.wait_healthy()
+        yield Running(server, pid_file)
+    finally:
+        server.stop(timeout_s=30)
+        with contextlib.suppress(ProcessLookupError, PermissionError, ValueError):
+            os.killpg(int(pid_file.read_text()), signal.SIGTERM)
+        _wait_gone(int(pid_file.read_text()))
+
+
+def _wait_gone(pid: int, timeout_s: float = 40) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            return
+        if state == "Z":
+            return
+        time.sleep(0.2)
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(pid, signal.SIGKILL)
+
+
+def verify(served: Running, out: Path, *extra: str) -> subprocess.CompletedProcess[str]:
+    argv = [sys.executable, "-m", "sparkserve", "verify", "--driver", "launcher",
+            "--launcher", "dflash", "--pid-file", str(served.pid_file),
+            "--url", served.server.base_url, "--out", str(out), "--gen-tokens", GEN_TOKENS,
+            "--healthy-timeout-s", "600", *extra]  # fmt: skip
+    env = {**os.environ, "API_KEY": KEY}
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=2400, env=env)
+    print(done.stdout, done.stderr)
+    return done
+
+
+def results(out: Path) -> dict[str, dict]:
+    document = json.loads((out / "verify.json").read_text())
+    return {r["name"]: r for r in document["results"]}
+
+
+@pytest.mark.e2e
+def test_a_sound_server_passes_every_check_and_is_left_as_it_was(
+    tiny_models: dict[str, str], sparkserve_site: Path, tmp_path: Path
+) -> None:
+    with running(tmp_path / "server", tiny_models, sparkserve_site) as served:
+        before = served.knobs()
+        out = tmp_path / "verify"
+        done = verify(served, out)
+        log = tail(tmp_path / "server" / "server.log") + tail(out / "server.log")
+        assert done.returncode == 0, done.stderr + log
+        found = results(out)
+        document = json.loads((out / "verify.json").read_text())
+        assert document["failed"] == []
+        assert document["uses"] == {"speculating": True, "int8_head": True, "prefix_cache": True}
+        assert [s["name"] for s in document["settings"]] == [
+            "served", "prefix cache off", "bf16 head", "plain int8"]  # fmt: skip
+        for name in ("int8 head vs bf16", "speculation vs plain", "prefix caching vs off", "key",
+                     "completion", "chat", "stream", "error bodies"):  # fmt: skip
+            assert found[name]["ok"] is True, found[name]
+        assert found["prefix caching vs off"]["data"]["repeat_hits"] > 0
+        head = found["int8 head vs bf16"]["data"]
+        assert head["positions"] == 7 * int(GEN_TOKENS)  # every prompt, every generated token
+        assert 0 < head["largest_delta"] <= head["max_delta"]
+        assert found["tool call"]["ok"] is None  # the tiny model serves no tool parser
+        assert (out / "verify.png").read_bytes()[:8] == PNG_MAGIC
+        assert "| plain int8 | speculation vs plain | ok |" in done.stdout
+        # back on the starting setting, and serving
+        assert served.knobs() == before and served.server.healthy()
+        assert len(document["restart_s"]) == 3
+
+
+@pytest.mark.e2e
+def test_a_broken_head_and_a_lossy_speculation_each_fail_by_name(
+    tiny_models: dict[str, str], sparkserve_site: Path, tmp_path: Path
+) -> None:
+    fault = "head-scale-shift,accept-all-drafts"
+    with running(tmp_path / "server", tiny_models, sparkserve_site, fault) as served:
+        log = (tmp_path / "server" / "server.log").read_text(errors="replace")
+        assert "fault head-scale-shift" in log and "fault accept-all-drafts" in log
+        before = served.knobs()
+        out = tmp_path / "verify"
+        done = verify(served, out, "--checks", "speculation,head")
+        assert done.returncode == 1, done.stderr
+        assert "FAILED: speculation vs plain, int8 head vs bf16" in done.stderr
+        found = results(out)
+        assert set(found) == {"speculation vs plain", "int8 head vs bf16"}
+        head = found["int8 head vs bf16"]
+        assert head["data"]["largest_delta"] > head["data"]["max_delta"], head
+        assert "not the plain model's choice" in found["speculation vs plain"]["detail"]
+        assert served.knobs() == before and served.server.healthy()

@@ -1,0 +1,99 @@
+"""verify's verdicts on runs and scores made by hand: what each check passes, what it fails,
+and that a tie (two log-probabilities closer than the limit) is seen, not failed."""
+
+from __future__ import annotations
+
+import math
+
+from sparkserve.verify import compare
+from sparkserve.verify.collect import Run, Score
+
+TIE = 0.05
+
+
+def run(name: str, tokens: list[int], margins: list[float] | None = None,
+        logprobs: list[float] | None = None) -> Run:  # fmt: skip
+    margins = margins or [2.0] * len(tokens)
+    logprobs = logprobs or [-0.5] * len(tokens)
+    return Run(name, tuple(tokens), tuple(logprobs), tuple(margins))
+
+
+def top(token: int, logprob: float = -0.5) -> Score:
+    return Score(token, logprob, 1, logprob)
+
+
+def below(token: int, gap: float, top_logprob: float = -0.5) -> Score:
+    return Score(token, top_logprob - gap, 2, top_logprob)
+
+
+def test_speculation_passes_when_every_drafted_token_is_the_plain_choice() -> None:
+    drafted = {"a": run("a", [1, 2, 3])}
+    plain = {"a": run("a", [1, 2, 3])}
+    result = compare.speculation(drafted, plain, {"a": [top(1), top(2), top(3)]}, TIE)
+    assert result.ok is True
+    assert "identical" in result.detail
+    assert result.data["agreement_by_position"] == [1.0, 1.0, 1.0]
+
+
+def test_speculation_at_a_tie_passes_and_reports_where_the_runs_part() -> None:
+    drafted = {"a": run("a", [1, 9, 4])}
+    plain = {"a": run("a", [1, 2, 3], margins=[2.0, 0.01, 2.0])}
+    result = compare.speculation(drafted, plain, {"a": [top(1), below(9, 0.01), top(4)]}, TIE)
+    assert result.ok is True
+    assert "a: parts at token 1 (margin 0.010)" in result.detail
+    assert result.data["first_divergence"] == {"a": 1}
+
+
+def test_speculation_fails_on_a_token_the_plain_model_would_not_choose() -> None:
+    drafted = {"a": run("a", [1, 9, 4]), "b": run("b", [5])}
+    plain = {"a": run("a", [1, 2, 3]), "b": run("b", [5])}
+    scores = {"a": [top(1), below(9, 1.5), below(4, 0.2)], "b": [top(5)]}
+    result = compare.speculation(drafted, plain, scores, TIE)
+    assert result.ok is False
+    assert "a: 2 of 3 tokens not the plain model's choice, first at 1, up to 1.500" in result.detail
+    assert result.data["agreement_by_position"] == [1.0, 0.0, 0.0]
+
+
+def test_int8_head_passes_within_the_limit_and_reports_agreement_and_deltas() -> None:
+    reference = {"a": run("a", [1, 2], logprobs=[-0.5, -1.0])}
+    scores = {"a": [top(1, -0.52), top(2, -0.97)]}
+    result = compare.int8_head(reference, scores, max_delta=0.1)
+    assert result.ok is True
+    assert math.isclose(result.data["largest_delta"], 0.03)
+    assert math.isclose(result.data["mean_delta"], 0.025)
+    assert result.data["agreed"] == 2 and result.data["positions"] == 2
+    assert "top-1 agreement 2 of 2" in result.detail
+
+
+def test_int8_head_fails_on_a_delta_past_the_limit() -> None:
+    reference = {"a": run("a", [1], logprobs=[-0.5])}
+    result = compare.int8_head(reference, {"a": [top(1, -0.8)]}, max_delta=0.1)
+    assert result.ok is False and "largest 0.3000" in result.detail
+
+
+def test_int8_head_tolerates_a_swap_only_where_the_bf16_margin_allows_it() -> None:
+    near = {"a": run("a", [1], margins=[0.15], logprobs=[-0.5])}
+    swapped = {"a": [below(1, 0.04, top_logprob=-0.46)]}  # rank 2, moved by 0.04
+    assert compare.int8_head(near, swapped, max_delta=0.1).ok is True
+    clear = {"a": run("a", [1], margins=[0.5], logprobs=[-0.5])}
+    result = compare.int8_head(clear, swapped, max_delta=0.1)
+    assert result.ok is False and "a clear choice changed at a token 0" in result.detail
+
+
+def test_same_runs_fails_only_where_the_reference_was_clear() -> None:
+    reference = {"a": run("a", [1, 2], margins=[2.0, 0.01]), "b": run("b", [3, 4])}
+    at_tie = {"a": run("a", [1, 7]), "b": run("b", [3, 4])}
+    result = compare.same_runs("cache off", at_tie, reference, TIE)
+    assert result.ok is True and "1 of 2 prompts identical; at a tie: a parts at token 1" in (
+        result.detail
+    )
+    different = {"a": run("a", [1, 2]), "b": run("b", [8, 4])}
+    result = compare.same_runs("cache off", different, reference, TIE)
+    assert result.ok is False and "different: b parts at token 0 (margin 2.000)" in result.detail
+
+
+def test_prefix_caching_fails_on_zero_hits_even_with_identical_outputs() -> None:
+    same = compare.same_runs("x", {"a": run("a", [1])}, {"a": run("a", [1])}, TIE)
+    assert compare.prefix_caching(2240.0, same, same).ok is True
+    silent = compare.prefix_caching(0.0, same, same)  # vLLM #45238: no hits, same answers
+    assert silent.ok is False and "0 tokens hit" in silent.detail
