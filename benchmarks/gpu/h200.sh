@@ -4,7 +4,10 @@
 # carries at most 64 MiB, so one part travels per call and waits in /tmp for the next).
 #
 #   PART_MB=59 ../shared/gpu/bundle.sh .gl/bundle     here: p.0 .. p.3 in the ignored .gl/
-#   h200.sh stash N          on the host, one call per part (carry .gl/bundle/p.N)
+#   h200.sh stash N          on the host, one call per part (carry .gl/bundle/p.N; BUNDLE_DIR
+#                            names another folder of parts, e.g. .gl/bundle34 for a trial
+#                            release, and SPARKGPU_ROOT another install folder, so that two
+#                            releases can be installed on one machine)
 #   h200.sh tests            on the host: the lm-head's tests, the GPU ones included (carry
 #                            .gl/pytest too: pip download pytest pluggy iniconfig into it)
 #   h200.sh starts CASES     on the host, the call after the last part: assemble and install
@@ -21,16 +24,17 @@
 # Every step prints its seconds; the host's own torch, triton and CUDA stay as they are.
 set -euo pipefail
 
-readonly ROOT=/tmp/sparkgpu
+readonly ROOT="${SPARKGPU_ROOT:-/tmp/sparkgpu}"
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 readonly REPO="${repo}"
+readonly BUNDLE="${REPO}/${BUNDLE_DIR:-.gl/bundle}"
 
 step() {
   printf '[h200 %s] %s\n' "$(date -u +%T)" "$*"
 }
 
 stash() {
-  local part="$1" file="${REPO}/.gl/bundle/p.$1"
+  local part="$1" file="${BUNDLE}/p.$1"
   [[ "${part}" =~ ^[0-9]$ ]] || { echo "h200.sh: stash ${part}: a part number 0-9" >&2; exit 2; }
   [[ -f "${file}" ]] || { echo "h200.sh: stash ${part}: ${file} did not travel (carry it)" >&2; exit 2; }
   mkdir -p "${ROOT}/parts"
@@ -117,7 +121,8 @@ print("plugins", sorted(e.name for e in entry_points(group="vllm.general_plugins
 PY
   step "starts: ${cases}"
   python3 -u "${REPO}/benchmarks/gpu/starts.py" --work "${ROOT}/work" --out "${out}" \
-    --cases "${cases}" --deadline-s "${DEADLINE_S:-$((585 - SECONDS))}"
+    --cases "${cases}" --deadline-s "${DEADLINE_S:-$((585 - SECONDS))}" \
+    --case-budget-s "${CASE_BUDGET_S:-200}"
 }
 
 # files in vLLM's and Triton's caches on the volume: what a start compiled and kept

@@ -15,9 +15,15 @@ What a start fills and what it leaves for the KV pool, per case, on a GPU the pr
   the built-in table); `stop-at-load` and `stop-at-load-unpatched` on the volume `cold`
   filled: a SIGTERM to the launcher alone (`docker stop`) once the engine core logs its first
   line, with vLLM as the image patches it and with the startup-stop patch reverted;
+  `extensible` (on a fresh volume of its own) and `extensible-recreated` (on the volume `cold`
+  filled): vLLM 0.34's extensible KV cache on (`--enable-extensible-kv-cache` in EXTRA_ARGS,
+  after the launcher's `--no-enable-extensible-kv-cache`: the last flag wins), GPU_MEM then a
+  cap rather than the pool's budget;
 - per case: seconds to healthy, vLLM's memory lines (available KV memory, KV tokens, the
-  profiler's parts), the head's report, one completion, the stop's exit code and seconds, and
-  what the start left in every cache on the volume and outside it (HOME, /tmp).
+  profiler's parts, the extensible KV cache's size), the GPU's memory free and used once
+  healthy and after the completion (nvidia-smi: the whole device), the head's report, one
+  completion, the stop's exit code and seconds, and what the start left in every cache on the
+  volume and outside it (HOME, /tmp).
 
 Writes OUT/starts.json and OUT/<case>.log; prints a table. A case that would not finish
 before --deadline-s is skipped and says so.
@@ -58,7 +64,8 @@ MEMORY_LINES = (
     "Available KV cache memory", "GPU KV cache size", "Model loading took", "memory profiling",
     "Memory profiling", "non_torch", "activation peak", "CUDA graph", "Graph capturing",
     "sparkserve int8 lm-head", "init engine", "torch.compile", "Compil", "calibrat",
-    "Maximum concurrency",
+    "Maximum concurrency", "xtensible KV cache", "Extended KV cache", "Remapping the KV cache",
+    "caps this instance", "Memory after warmup",
 )  # fmt: skip
 # case: (its volume, whether the case empties it first, its knobs)
 CASES: dict[str, tuple[str, bool, dict[str, str]]] = {
@@ -69,6 +76,13 @@ CASES: dict[str, tuple[str, bool, dict[str, str]]] = {
     "nocal": ("c", True, {"SPARK_LMHEAD_CALIBRATE": "off"}),
     "stop-at-load": ("a", False, {}),
     "stop-at-load-unpatched": ("a", False, {}),
+    "extensible": ("e", True, {}),
+    "extensible-recreated": ("a", False, {}),
+}
+# vLLM arguments a case adds after the host's (EXTRA_ARGS come last in the launcher's argv)
+CASE_ARGS = {
+    "extensible": "--enable-extensible-kv-cache",
+    "extensible-recreated": "--enable-extensible-kv-cache",
 }
 # Cases stopped, as `docker stop` stops a container (SIGTERM to the launcher alone), once the
 # engine core's first line shows: the startup-stop patch's window (docs/PATCHES.md). The
@@ -96,6 +110,9 @@ class Start:
     skipped: str = ""
     stopped_after_s: float | None = None  # stop-at-load cases: the SIGTERM, after the start
     gpu_used_mib_after: int | None = None  # stop-at-load cases: the GPU's memory once it exited
+    extended_kv_gib: float | None = None  # the extensible KV cache's size after warm-up
+    gpu_memory_healthy: dict[str, int] = field(default_factory=dict)  # MiB, once healthy
+    gpu_memory_served: dict[str, int] = field(default_factory=dict)  # MiB, after the completion
 
 
 def files_under(path: Path) -> dict[str, int]:
@@ -132,6 +149,8 @@ def launcher_env(case: str, models: tuple[Path, Path], volume: Path, home: Path)
         HOST="127.0.0.1", API_KEY=KEY, HF_OFFLINE="1", EXTRA_ARGS=HOST_ARGS,
         TOOL_PARSER="", REASONING_PARSER="",
     )  # fmt: skip
+    if case in CASE_ARGS:
+        env["EXTRA_ARGS"] = f"{HOST_ARGS} {CASE_ARGS[case]}"
     return env
 
 
@@ -143,6 +162,8 @@ def parse_log(log: str, start: Start) -> None:
         start.kv_gib = float(found[-1])
     if found := re.findall(r"GPU KV cache size: ([\d,]+) tokens", log):
         start.kv_tokens = int(found[-1].replace(",", ""))
+    if found := re.findall(r"Extended KV cache to \d+ blocks \(([\d.]+) GiB\)", log):
+        start.extended_kv_gib = float(found[-1])
     heads = [line for line in log.splitlines() if "sparkserve int8 lm-head" in line]
     start.head = heads[-1][-400:] if heads else "no report"
 
@@ -152,10 +173,15 @@ def patch_startup_stop(*args: str) -> None:
                    check=True)  # fmt: skip
 
 
-def gpu_used_mib() -> int:
-    query = ["nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader,nounits"]
+def gpu_memory_mib() -> dict[str, int]:
+    """The GPU's memory in MiB as nvidia-smi reports it: total, used and free (all processes)."""
+    names = ("total", "used", "free")
+    query = [
+        "nvidia-smi", f"--query-gpu={','.join(f'memory.{n}' for n in names)}",
+        "--format=csv,noheader,nounits", "--id=0",
+    ]  # fmt: skip
     done = subprocess.run(query, capture_output=True, text=True, check=True)
-    return int(done.stdout.split()[0])
+    return dict(zip(names, (int(v) for v in done.stdout.split(",")), strict=True))
 
 
 def stop_at_load(case: str, process: subprocess.Popen, log_path: Path, start: Start,
@@ -178,7 +204,7 @@ def stop_at_load(case: str, process: subprocess.Popen, log_path: Path, start: St
     start.stop_exit = process.wait()
     start.stop_s = round(time.monotonic() - stopping, 1)
     time.sleep(2)  # the driver frees a killed process's memory shortly after it is reaped
-    start.gpu_used_mib_after = gpu_used_mib()
+    start.gpu_used_mib_after = gpu_memory_mib()["used"]
     print(
         f"  {case}: SIGTERM after {start.stopped_after_s} s, exit {start.stop_exit} in "
         f"{start.stop_s} s, GPU memory used after: {start.gpu_used_mib_after} MiB",
@@ -192,6 +218,7 @@ def serve_then_stop(case: str, process: subprocess.Popen, start: Start, deadline
     while process.poll() is None and time.monotonic() < deadline - 30:
         if request("/health", timeout=2)[0] == 200:
             start.healthy_s = round(time.monotonic() - began, 1)
+            start.gpu_memory_healthy = gpu_memory_mib()
             break
         print(f"  {case}: {time.monotonic() - began:4.0f} s, not healthy yet", flush=True)
         time.sleep(5)
@@ -200,6 +227,9 @@ def serve_then_stop(case: str, process: subprocess.Popen, start: Start, deadline
             "model": "spark-geometry", "prompt": "The cache keeps", "max_tokens": 32,
             "temperature": 0}, timeout=60)  # fmt: skip
         start.completion = f"HTTP {status}: {body[:160]}"
+        start.gpu_memory_served = gpu_memory_mib()
+        print(f"  {case}: GPU memory (MiB) once healthy {start.gpu_memory_healthy}, after "
+              f"one completion {start.gpu_memory_served}", flush=True)  # fmt: skip
     stopping = time.monotonic()
     if process.poll() is None:
         os.killpg(process.pid, signal.SIGTERM)
@@ -253,15 +283,16 @@ def run_case(case: str, models: tuple[Path, Path], work: Path, out: Path, deadli
 
 
 def table(starts: list[Start]) -> str:
-    rows = ["| case | volume | healthy s | KV GiB | KV tokens | new files in caches | "
-            "left outside the volume | stop |", "| --- " * 8 + "|"]  # fmt: skip
+    rows = ["| case | volume | healthy s | KV GiB | KV tokens | GPU free MiB | new files in "
+            "caches | left outside the volume | stop |", "| --- " * 9 + "|"]  # fmt: skip
     for s in starts:
         if s.skipped:
-            rows.append(f"| {s.case} | {s.volume} | {s.skipped} |||||||")
+            rows.append(f"| {s.case} | {s.volume} | {s.skipped} ||||||||")
             continue
         new = ", ".join(f"{k} {v}" for k, v in s.new_files.items() if v) or "none"
         rows.append(
-            f"| {s.case} | {s.volume} | {s.healthy_s} | {s.kv_gib} | {s.kv_tokens} | {new} | "
+            f"| {s.case} | {s.volume} | {s.healthy_s} | {s.kv_gib} | {s.kv_tokens} | "
+            f"{s.gpu_memory_healthy.get('free')} | {new} | "
             f"{', '.join(s.outside) or 'nothing'} | exit {s.stop_exit} in {s.stop_s} s |"
         )
     return "\n".join(rows)
