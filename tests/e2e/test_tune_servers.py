@@ -6,9 +6,7 @@ test starts from the setting the one before left."""
 
 from __future__ import annotations
 
-import contextlib
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -23,7 +21,7 @@ from sparkserve.memory.host import GIB, read_meminfo
 from sparkserve.tune.driver import process_environ
 from support.cpu_launch import EAGER, launcher_server
 from support.memory_cgroup import MemoryCgroup, memory_cgroup
-from support.vllm_server import VllmServer, tail
+from support.vllm_server import VllmServer, stop_group_of, tail
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 SMALL, LARGE = "0.5", "4"  # KV_CACHE_GB: the hog leaves room for the small pool only
@@ -84,22 +82,7 @@ def tuned(
             yield Tuned(server, pid_file, cgroup)
         finally:
             server.stop(timeout_s=30)
-            with contextlib.suppress(ProcessLookupError, PermissionError, ValueError):
-                os.killpg(int(pid_file.read_text()), signal.SIGTERM)
-            _wait_gone(int(pid_file.read_text()))
-
-
-def _wait_gone(pid: int, timeout_s: float = 40) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        try:
-            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-        except OSError:
-            return
-        if state == "Z":
-            return
-        time.sleep(0.2)
-    os.killpg(pid, signal.SIGKILL)
+            stop_group_of(pid_file)  # the launcher the tune started last
 
 
 def tune_argv(tuned: Tuned, loop: str, out: Path, *extra: str) -> list[str]:

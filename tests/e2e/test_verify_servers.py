@@ -9,10 +9,8 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import signal
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -20,7 +18,7 @@ import pytest
 
 from sparkserve.tune.driver import process_environ
 from support.cpu_launch import launcher_server
-from support.vllm_server import VllmServer, tail
+from support.vllm_server import VllmServer, stop_group_of, tail
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 KEY = "verify-test-key"
@@ -56,23 +54,7 @@ def running(
         yield Running(server, pid_file)
     finally:
         server.stop(timeout_s=30)
-        with contextlib.suppress(ProcessLookupError, PermissionError, ValueError):
-            os.killpg(int(pid_file.read_text()), signal.SIGTERM)
-        _wait_gone(int(pid_file.read_text()))
-
-
-def _wait_gone(pid: int, timeout_s: float = 40) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        try:
-            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-        except OSError:
-            return
-        if state == "Z":
-            return
-        time.sleep(0.2)
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(pid, signal.SIGKILL)
+        stop_group_of(pid_file)  # the launcher verify started last
 
 
 def verify(served: Running, out: Path, *extra: str) -> subprocess.CompletedProcess[str]:

@@ -65,6 +65,28 @@ def metric_sum(metrics: Mapping[MetricKey, float], name: str, **labels: str) -> 
     return total
 
 
+def stop_group_of(pid_file: Path, timeout_s: float = 40) -> None:
+    """SIGTERM to the process group whose leader's pid `pid_file` holds (a launcher a test or a
+    tool restarted), SIGKILL after `timeout_s`; returns once the leader is gone."""
+    try:
+        pid = int(pid_file.read_text())
+    except (OSError, ValueError):
+        return
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pid, signal.SIGTERM)
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            return
+        if state == "Z":
+            return
+        time.sleep(0.2)
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pid, signal.SIGKILL)
+
+
 @dataclass
 class VllmServer:
     argv: Sequence[str]

@@ -60,7 +60,7 @@ class VerifyLimits:
     arithmetic may break either way. A recipe's optional `[verify]` table sets them."""
 
     head_max_delta: float = 0.1
-    numeric_tie: float = 0.05
+    numeric_tie: float = 0.15
 
 
 class RecipeError(KnobError):

@@ -19,7 +19,6 @@ import argparse
 import contextlib
 import datetime as dt
 import json
-import os
 import re
 import sys
 from collections.abc import Callable, Mapping
@@ -30,8 +29,7 @@ from sparkserve import __version__
 from sparkserve import command_line as cl
 from sparkserve.bench.prompts import KINDS
 from sparkserve.client.server import Server, ServerInfo
-from sparkserve.client.tool import BEFORE_LOAD_ERRORS, RunAborted, output_folder, say
-from sparkserve.dotenv import with_dotenv
+from sparkserve.client.tool import output_folder, say
 from sparkserve.guard import marker_path
 from sparkserve.knobs import BY_NAME, KnobError
 from sparkserve.memory import checkpoint
@@ -41,15 +39,16 @@ from sparkserve.settings import Settings, check_budget, check_recipe_fits, resol
 from sparkserve.tune import candidates as cand
 from sparkserve.tune import report, workload
 from sparkserve.tune.draft_loop import run_draft_loop
-from sparkserve.tune.driver import Driver, RestartFailed
+from sparkserve.tune.driver import Driver
 from sparkserve.tune.driver_options import (
     add_restart_options,
+    guarded,
     launcher_of,
     make_driver,
     server_settings,
 )
 from sparkserve.tune.memory_loop import run_memory_loop, trials_as_dicts
-from sparkserve.tune.restarts import Interrupted, Restarts, estimate_line, interruptible, knob_lines
+from sparkserve.tune.restarts import Restarts, estimate_line, knob_lines
 
 PROG = "sparkserve tune"
 
@@ -248,27 +247,6 @@ def _finish(
     say(f"[tune] wrote {out}/" + ", ".join(f for f in result["files"].values() if f))
 
 
-Body = Callable[[argparse.Namespace, Mapping[str, str]], int]
-Run = Callable[[argparse.Namespace, Mapping[str, str] | None], int]
-
-
-def _guarded(body: Body) -> Run:
-    def run(args: argparse.Namespace, env: Mapping[str, str] | None = None) -> int:
-        try:
-            merged = with_dotenv(os.environ if env is None else env, args.env_file)
-            with interruptible():
-                return body(args, merged)
-        except (*BEFORE_LOAD_ERRORS, RecipeError) as exc:
-            return cl.fail(PROG, exc, cl.EXIT_BAD_INPUT)
-        except Interrupted as exc:
-            say(f"[tune] interrupted ({exc}): the starting setting is back")
-            return cl.EXIT_INTERRUPTED
-        except (RestartFailed, RunAborted) as exc:
-            return cl.fail(PROG, exc, cl.EXIT_STOPPED)
-
-    return run
-
-
 def _recommend(args: argparse.Namespace, knob: str, value: str) -> int:
     """The knob line on stdout, and into the .env file only when asked (--write-env)."""
     print(knob_lines({knob: value}), end="", flush=True)
@@ -409,5 +387,5 @@ def _draft(args: argparse.Namespace, env: Mapping[str, str]) -> int:
     return _recommend(args, "NUM_SPEC_TOKENS", str(best))
 
 
-run_memory = _guarded(_memory)
-run_draft = _guarded(_draft)
+run_memory = guarded(PROG, "tune", _memory)
+run_draft = guarded(PROG, "tune", _draft)

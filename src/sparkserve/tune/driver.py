@@ -47,9 +47,10 @@ class Driver(Protocol):
         """The knobs the running server was started with (as set: unset ones are absent)."""
         ...
 
-    def restart(self, changes: Mapping[str, str], timeout_s: float) -> float:
-        """Restart the server with `changes` over its knobs; the seconds it took to be healthy;
-        RestartFailed when it did not get there."""
+    def restart(self, changes: Mapping[str, str | None], timeout_s: float) -> float:
+        """Restart the server with `changes` over its knobs (None: the knob unset, as it was
+        before a change); the seconds it took to be healthy; RestartFailed when it did not
+        get there."""
         ...
 
     def guard_stop(self, hf_home: str, since_epoch: float) -> str | None:
@@ -57,6 +58,17 @@ class Driver(Protocol):
         `hf_home`, as the server sees it), made so that it does not block the next restart:
         that stop was the candidate's failure. An older record is not the tune's to clear."""
         ...
+
+
+def applied(env: Mapping[str, str], changes: Mapping[str, str | None]) -> dict[str, str]:
+    """`env` with `changes` over it; a change to None unsets the knob."""
+    result = dict(env)
+    for name, value in changes.items():
+        if value is None:
+            result.pop(name, None)
+        else:
+            result[name] = value
+    return result
 
 
 def recorded_after(text: str, since_epoch: float) -> str | None:
@@ -185,10 +197,9 @@ class LauncherDriver:
             while _group_members(group):
                 time.sleep(0.1)
 
-    def restart(self, changes: Mapping[str, str], timeout_s: float) -> float:
-        env = self.knobs()
+    def restart(self, changes: Mapping[str, str | None], timeout_s: float) -> float:
+        env = applied(self.knobs(), changes)
         self._stop(self._pid())
-        env.update(changes)
         self._env = env
         started = time.monotonic()
         self.log.parent.mkdir(parents=True, exist_ok=True)
@@ -276,18 +287,19 @@ class ComposeDriver:
             self.check()
         return dict(self._env)
 
-    def restart(self, changes: Mapping[str, str], timeout_s: float) -> float:
+    def restart(self, changes: Mapping[str, str | None], timeout_s: float) -> float:
         started = time.monotonic()
         resume = {"GUARD_RESUME": "1"} if self._resume else {}
         done = self._compose(
             "up", "-d", "--force-recreate", "--wait", "--wait-timeout", str(int(timeout_s)),
-            self.service, env={**os.environ, **changes, **resume}, timeout=timeout_s + 60,
+            self.service, env={**applied(os.environ, changes), **resume},
+            timeout=timeout_s + 60,
         )  # fmt: skip
         if done.returncode != 0:
             why = (done.stderr.strip().splitlines() or ["no output"])[-1]
             raise RestartFailed(f"docker compose up {self.service}: {why}")
         self._resume = False
-        self._env.update(changes)
+        self._env = applied(self._env, changes)
         wait_healthy(self.url, 30)
         return time.monotonic() - started
 

@@ -1,18 +1,27 @@
 """The options and set-up every command that restarts a running server shares (`tune`,
 `verify`): which driver restarts it (compose or its launcher), where it answers, where the
-output goes, and the settings it was started with as sparkserve resolves them."""
+output goes, the settings it was started with as sparkserve resolves them, and the run that
+maps what broke it off to the exit status."""
 
 from __future__ import annotations
 
 import argparse
-from collections.abc import Mapping
+import os
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from sparkserve import command_line as cl
 from sparkserve import recipes
+from sparkserve.client.tool import BEFORE_LOAD_ERRORS, RunAborted, say
+from sparkserve.dotenv import with_dotenv
 from sparkserve.knobs import Launcher
+from sparkserve.recipes import RecipeError
 from sparkserve.settings import Settings, resolve_settings
-from sparkserve.tune.driver import ComposeDriver, Driver, LauncherDriver
+from sparkserve.tune.driver import ComposeDriver, Driver, LauncherDriver, RestartFailed
+from sparkserve.tune.restarts import Interrupted, interruptible
+
+Body = Callable[[argparse.Namespace, Mapping[str, str]], int]
+Run = Callable[[argparse.Namespace, Mapping[str, str] | None], int]
 
 REPO = Path(__file__).resolve().parents[3]
 # docker-compose.yml's server services and the launcher each runs
@@ -95,3 +104,24 @@ def server_settings(knobs: Mapping[str, str], launcher: Launcher) -> Settings:
     if "VLLM_API_KEY" in env:  # the launcher hands the key to vLLM under this name
         env.setdefault("API_KEY", env["VLLM_API_KEY"])
     return resolve_settings(env, launcher)
+
+
+def guarded(prog: str, tag: str, body: Body) -> Run:
+    """`body` run on the environment over --env-file, with SIGINT and SIGTERM raising
+    Interrupted inside it; bad input exits 2, an interruption 130 (the body put the starting
+    setting back), a restart or run that broke off 3, each in one line."""
+
+    def run(args: argparse.Namespace, env: Mapping[str, str] | None = None) -> int:
+        try:
+            merged = with_dotenv(os.environ if env is None else env, args.env_file)
+            with interruptible():
+                return body(args, merged)
+        except (*BEFORE_LOAD_ERRORS, RecipeError) as exc:
+            return cl.fail(prog, exc, cl.EXIT_BAD_INPUT)
+        except Interrupted as exc:
+            say(f"[{tag}] interrupted ({exc}): the starting setting is back")
+            return cl.EXIT_INTERRUPTED
+        except (RestartFailed, RunAborted) as exc:
+            return cl.fail(prog, exc, cl.EXIT_STOPPED)
+
+    return run

@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import json
-import os
 import sys
 from collections.abc import Mapping
 from dataclasses import asdict
@@ -27,19 +26,19 @@ from typing import Any
 from sparkserve import __version__, recipes
 from sparkserve import command_line as cl
 from sparkserve.client.server import Server, ServerError
-from sparkserve.client.tool import BEFORE_LOAD_ERRORS, output_folder, say
-from sparkserve.dotenv import with_dotenv
+from sparkserve.client.tool import output_folder, say
 from sparkserve.recipes import RecipeError
 from sparkserve.selftest.checks import Result, run_checks
 from sparkserve.settings import resolve_settings
 from sparkserve.tune.driver import RestartFailed
 from sparkserve.tune.driver_options import (
     add_restart_options,
+    guarded,
     launcher_of,
     make_driver,
     server_settings,
 )
-from sparkserve.tune.restarts import Interrupted, interruptible
+from sparkserve.tune.restarts import Interrupted
 from sparkserve.verify import api, collect, compare, phases, report
 from sparkserve.verify.prompts import VERSION
 
@@ -260,15 +259,4 @@ def _write(out: Path, document: dict[str, Any]) -> None:
     say(f"[verify] wrote {out}/verify.json")
 
 
-def run(args: argparse.Namespace, env: Mapping[str, str] | None = None) -> int:
-    try:
-        merged = with_dotenv(os.environ if env is None else env, args.env_file)
-        with interruptible():
-            return _verify(args, merged)
-    except (*BEFORE_LOAD_ERRORS, RecipeError) as exc:
-        return cl.fail(PROG, exc, cl.EXIT_BAD_INPUT)
-    except Interrupted as exc:
-        say(f"[verify] interrupted ({exc}): the starting setting is back")
-        return cl.EXIT_INTERRUPTED
-    except RestartFailed as exc:
-        return cl.fail(PROG, exc, cl.EXIT_STOPPED)
+run = guarded(PROG, "verify", _verify)

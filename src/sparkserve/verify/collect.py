@@ -1,8 +1,8 @@
 """What verify reads off one running server: the prompt set rendered to token ids, greedy
 runs with the top two log-probabilities of every generated token, and teacher-forced scores
 (the server's own log-probability and rank of another run's tokens, position by position).
-Everything goes through token ids (`return_tokens_as_token_ids`, `prompt_logprobs`), so runs of
-different settings line up token for token."""
+Everything goes through token ids (`return_tokens_as_token_ids`), so runs of different
+settings line up token for token."""
 
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ from sparkserve.verify.prompts import PROMPTS, Prompt, document
 
 # The long shared system message: at most this many tokens, and at most half the context
 DOCUMENT_TOKENS = 8192
+SCORE_TOP = 5  # log-probabilities a teacher-forced step asks for (vLLM allows 20 by default)
 TOKEN_ID = "token_id:"
 
 
@@ -103,20 +104,26 @@ def greedy(server: Server, model: str, prompt: Rendered, gen_tokens: int) -> Run
 
 def score(server: Server, model: str, prompt: Rendered, run: Run) -> list[Score]:
     """The server's scores of `run`'s tokens after the prompt (teacher forcing: each position
-    sees the run's tokens before it, not the server's own)."""
-    ids = [*prompt.ids, *run.tokens]
-    reply = server.request("/v1/completions", {
-        "model": model, "prompt": ids, "max_tokens": 1, "temperature": 0,
-        "prompt_logprobs": 1}, timeout_s=600)  # fmt: skip
-    entries = reply["choices"][0]["prompt_logprobs"][len(prompt.ids) :]
+    sees the run's tokens before it, not the server's own), one token at a time with its top
+    SCORE_TOP log-probabilities. vLLM's `prompt_logprobs` would score a run in one request,
+    but its runner computes the head's logits for every prompt token of a step and casts them
+    to float32 (gpu_model_runner `_get_prompt_logprobs_dict`): with the Spark's 248,320-token
+    head, 8,192 tokens would take 7.6 GiB at once. One token at a time reads the prompt from
+    the prefix cache where the server has one."""
     scores = []
-    for token, entry in zip(run.tokens, entries, strict=True):
-        found = {int(k): v for k, v in (entry or {}).items()}
-        if token not in found:
-            raise ServerError(f"prompt_logprobs left out token {token}")
-        top = max(float(v["logprob"]) for v in found.values())
-        mine = found[token]
-        scores.append(Score(token, float(mine["logprob"]), int(mine["rank"]), top))
+    for position, token in enumerate(run.tokens):
+        reply = server.request("/v1/completions", {
+            "model": model, "prompt": [*prompt.ids, *run.tokens[:position]], "max_tokens": 1,
+            "temperature": 0, "logprobs": SCORE_TOP,
+            "return_tokens_as_token_ids": True}, timeout_s=600)  # fmt: skip
+        top = reply["choices"][0]["logprobs"]["top_logprobs"][0] or {}
+        ranked = sorted(((float(v), _token(k)) for k, v in top.items()), reverse=True)
+        if not ranked:
+            raise ServerError("/v1/completions: no top log-probabilities")
+        found = [(rank, lp) for rank, (lp, t) in enumerate(ranked, start=1) if t == token]
+        # below the listed ones: its log-probability is at most the last one listed
+        rank, logprob = found[0] if found else (len(ranked) + 1, ranked[-1][0])
+        scores.append(Score(token, logprob, rank, ranked[0][0]))
     return scores
 
 

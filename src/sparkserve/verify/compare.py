@@ -83,9 +83,14 @@ def int8_head(
     agreed = sum(1 for scores in scored.values() for s in scores if s.rank == 1)
     largest = max(deltas, default=0.0)
     mean = statistics.fmean(deltas) if deltas else 0.0
-    ok = not wrong and largest <= max_delta
+    ok: bool | None = not wrong and largest <= max_delta
     detail = (f"top-1 agreement {agreed} of {positions}; |delta logprob| largest "
               f"{largest:.4f}, mean {mean:.4f} (limit {max_delta:g})")  # fmt: skip
+    if positions and largest == 0.0:
+        # bit-identical log-probabilities: both servers ran the bf16 head (the plugin's
+        # calibration may pick bf16 off CUDA); there is no int8 head to judge
+        ok = None
+        detail += "; bit-identical: the int8 head is not in use (see the server's log)"
     if wrong:
         detail += f"; a clear choice changed at {', '.join(wrong[:3])}"
         detail += f" and {len(wrong) - 3} more" if len(wrong) > 3 else ""

@@ -59,10 +59,10 @@ class Restarter:
     way. `restore` puts the starting setting back, whatever signals arrive meanwhile."""
 
     driver: Driver
-    start: dict[str, str]
+    start: dict[str, str | None]  # None: unset when verify began, and unset again at the end
     healthy_timeout_s: float
     say: Callable[[str], None]
-    current: dict[str, str] | None = None
+    current: dict[str, str | None] | None = None
     took_s: list[float] = field(default_factory=list)
 
     def __post_init__(self) -> None:
@@ -71,10 +71,10 @@ class Restarter:
     @classmethod
     def of(cls, driver: Driver, healthy_timeout_s: float, say: Callable[[str], None]) -> Restarter:
         knobs = driver.knobs()
-        return cls(driver, {k: knobs.get(k, "") for k in TOUCHED}, healthy_timeout_s, say)
+        return cls(driver, {k: knobs.get(k) for k in TOUCHED}, healthy_timeout_s, say)
 
     def serve(self, phase: Phase) -> None:
-        wanted = {**self.start, **phase.changes}
+        wanted: dict[str, str | None] = {**self.start, **phase.changes}
         if wanted == self.current:
             return
         self.say(f"[verify] restarting for '{phase.name}' ({phase.why}): {_show(phase.changes)}")

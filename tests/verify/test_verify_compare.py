@@ -73,7 +73,7 @@ def test_int8_head_fails_on_a_delta_past_the_limit() -> None:
 
 def test_int8_head_tolerates_a_swap_only_where_the_bf16_margin_allows_it() -> None:
     near = {"a": run("a", [1], margins=[0.15], logprobs=[-0.5])}
-    swapped = {"a": [below(1, 0.04, top_logprob=-0.46)]}  # rank 2, moved by 0.04
+    swapped = {"a": [below(1, 0.04, top_logprob=-0.45)]}  # rank 2, moved by 0.01
     assert compare.int8_head(near, swapped, max_delta=0.1).ok is True
     clear = {"a": run("a", [1], margins=[0.5], logprobs=[-0.5])}
     result = compare.int8_head(clear, swapped, max_delta=0.1)
@@ -97,3 +97,9 @@ def test_prefix_caching_fails_on_zero_hits_even_with_identical_outputs() -> None
     assert compare.prefix_caching(2240.0, same, same).ok is True
     silent = compare.prefix_caching(0.0, same, same)  # vLLM #45238: no hits, same answers
     assert silent.ok is False and "0 tokens hit" in silent.detail
+
+
+def test_int8_head_bit_identical_to_bf16_is_seen_not_passed() -> None:
+    reference = {"a": run("a", [1, 2], logprobs=[-0.5, -1.0])}
+    result = compare.int8_head(reference, {"a": [top(1, -0.5), top(2, -1.0)]}, max_delta=0.1)
+    assert result.ok is None and "the int8 head is not in use" in result.detail

@@ -51,12 +51,12 @@ class Recording:
 
     def __init__(self, knobs: dict[str, str]) -> None:
         self._knobs = knobs
-        self.restarts: list[dict[str, str]] = []
+        self.restarts: list[dict[str, str | None]] = []
 
     def knobs(self) -> dict[str, str]:
         return dict(self._knobs)
 
-    def restart(self, changes: Mapping[str, str], timeout_s: float) -> float:
+    def restart(self, changes: Mapping[str, str | None], timeout_s: float) -> float:
         self.restarts.append(dict(changes))
         return 1.0
 
@@ -70,7 +70,7 @@ def test_each_restart_names_all_three_knobs_and_the_end_is_the_start() -> None:
     for phase in phases.plan(Uses(True, True, True), ALL):
         restarter.serve(phase)
     restarter.restore()
-    start = {"PREFIX_CACHE": "", "NUM_SPEC_TOKENS": "4", "SPARK_KEEP_BF16_LMHEAD": ""}
+    start = {"PREFIX_CACHE": None, "NUM_SPEC_TOKENS": "4", "SPARK_KEEP_BF16_LMHEAD": None}
     assert driver.restarts == [
         {**start, "PREFIX_CACHE": "0"},
         {**start, "NUM_SPEC_TOKENS": "0", "SPARK_KEEP_BF16_LMHEAD": "1"},
