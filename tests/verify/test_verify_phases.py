@@ -80,3 +80,14 @@ def test_each_restart_names_all_three_knobs_and_the_end_is_the_start() -> None:
     assert restarter.took_s == [1.0, 1.0, 1.0]
     restarter.restore()  # already there: no restart
     assert len(driver.restarts) == 4
+
+
+def test_the_first_line_counts_the_restarts_the_plan_costs() -> None:
+    assert phases.restarts_line(phases.plan(Uses(True, True, True), ALL)) == (
+        "3 restarts and one back"
+    )
+    assert phases.restarts_line(phases.plan(Uses(False, True, True), ALL)) == "3 restarts"
+    assert phases.restarts_line(phases.plan(Uses(True, False, False), ALL)) == (
+        "1 restart and one back"
+    )
+    assert phases.restarts_line(phases.plan(Uses(False, False, False), ALL)) == "0 restarts"

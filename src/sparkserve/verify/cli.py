@@ -184,7 +184,7 @@ def _verify(args: argparse.Namespace, env: Mapping[str, str]) -> int:
     say(f"[verify] {info.model} at {server.url}: speculation {'on' if uses.speculating else 'off'}"
         f", {'int8' if uses.int8_head else 'bf16'} head, prefix caching "
         f"{'on' if uses.prefix_cache else 'off'}; settings {', '.join(p.name for p in plan)}; "
-        f"{max(len(plan) - 1, 0)} restart(s) and one back; prompt set {VERSION}")  # fmt: skip
+        f"{phases.restarts_line(plan)}; prompt set {VERSION}")  # fmt: skip
     prompts = collect.render(server, info.model, max_len, args.gen_tokens)
     started_at = dt.datetime.now(dt.UTC)
     restarter = phases.Restarter.of(driver, args.healthy_timeout_s, say)

@@ -96,3 +96,11 @@ class Restarter:
 
 def _show(changes: Mapping[str, str]) -> str:
     return " ".join(f"{k}={v}" for k, v in changes.items()) or "the starting setting"
+
+
+def restarts_line(plan: list[Phase]) -> str:
+    """How many restarts a plan costs: one per setting after the served one (each differs
+    from the one before), and one back unless the last setting is the starting one."""
+    count = len(plan) - 1
+    back = " and one back" if plan[-1].changes else ""
+    return f"{count} restart{'s' if count != 1 else ''}{back}"
