@@ -178,7 +178,11 @@ class Server:
         )
 
     def tokenize(self, model: str, text: str) -> list[int]:
-        reply = self.request("/tokenize", {"model": model, "prompt": text})
+        return self.token_ids({"model": model, "prompt": text})
+
+    def token_ids(self, body: dict[str, Any]) -> list[int]:
+        """/tokenize of a request body: a prompt, or chat messages through the template."""
+        reply = self.request("/tokenize", body)
         try:
             return [int(t) for t in reply["tokens"]]
         except (TypeError, KeyError, ValueError):

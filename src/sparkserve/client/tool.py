@@ -126,6 +126,25 @@ def say(line: str) -> None:
     print(line, file=sys.stderr, flush=True)
 
 
+def write_report(
+    out: Path,
+    stem: str,
+    document: dict[str, Any],
+    draw: Callable[[dict[str, Any], Path], None],
+    tag: str,
+) -> None:
+    """OUT/STEM.png drawn from `document`, then OUT/STEM.json; without matplotlib the JSON
+    says `files.png: null` and a line says why."""
+    out.mkdir(parents=True, exist_ok=True)
+    try:
+        draw(document, out / f"{stem}.png")
+    except ImportError as exc:
+        document["files"]["png"] = None
+        say(f"[{tag}] no plot: {exc} (install matplotlib)")
+    (out / f"{stem}.json").write_text(json.dumps(document, indent=2, default=str) + "\n")
+    say(f"[{tag}] wrote {out}/" + ", ".join(f for f in document["files"].values() if f))
+
+
 @dataclass
 class Outcome:
     status: str = "done"  # "done", "aborted" (a request failed) or "interrupted" (Ctrl-C)

@@ -45,6 +45,11 @@ TOOL = {
 }
 
 
+def mark(ok: bool | None) -> str:
+    """A check's verdict in a word: passed, failed, or seen (reported, not judged)."""
+    return {True: "ok", False: "FAILED", None: "seen"}[ok]
+
+
 @dataclass
 class Result:
     name: str
@@ -73,10 +78,11 @@ class Probe:
         return self.server.request(path, {"model": self.model, **body}, timeout_s=timeout_s)
 
 
-def status_of(
+def reply_of(
     probe: Probe, method: str, path: str, key: str | None, body: dict | None = None
-) -> int:
-    """The HTTP status of one request sent with `key` (None: no Authorization header)."""
+) -> tuple[int, Any]:
+    """The HTTP status and body (JSON where it parses, else text) of one request sent with
+    `key` (None: no Authorization header); the body's model defaults to the probe's."""
     connection = http.client.HTTPConnection(probe.server.host, probe.server.port, timeout=60)
     headers = {"Content-Type": "application/json"}
     if key is not None:
@@ -85,10 +91,20 @@ def status_of(
         data = json.dumps({"model": probe.model, **body}) if body is not None else None
         connection.request(method, path, data if method != "GET" else None, headers)
         response = connection.getresponse()
-        response.read()
-        return response.status
+        raw = response.read().decode(errors="replace")
     finally:
         connection.close()
+    try:
+        return response.status, json.loads(raw)
+    except ValueError:
+        return response.status, raw
+
+
+def status_of(
+    probe: Probe, method: str, path: str, key: str | None, body: dict | None = None
+) -> int:
+    """The HTTP status of one request sent with `key` (None: no Authorization header)."""
+    return reply_of(probe, method, path, key, body)[0]
 
 
 def check_key(probe: Probe) -> Result:
@@ -341,7 +357,6 @@ def run_checks(
             result = step()
         except (ServerError, KeyError, IndexError, TypeError, ValueError, OSError) as error:
             result = Result(name, False, f"{type(error).__name__}: {error}"[:300])
-        mark = {True: "ok", False: "FAILED", None: "seen"}[result.ok]
-        progress(f"{name}: {mark} ({time.monotonic() - started:.1f} s) {result.detail}")
+        progress(f"{name}: {mark(result.ok)} ({time.monotonic() - started:.1f} s) {result.detail}")
         results.append(result)
     return results

@@ -27,6 +27,7 @@ from typing import Any
 from sparkserve import recipes
 from sparkserve.knobs import BY_NAME
 from sparkserve.selftest import cases, checks
+from sparkserve.selftest.checks import mark
 from sparkserve.selftest.models import TINY, GeometryError, Models, keep_models, models_home
 
 DEFAULT_LAYERS = 8  # of a recipe's geometry: the drafter reads 8 target layers
@@ -100,10 +101,6 @@ def has_cuda() -> bool:
     except ImportError:
         return False
     return bool(torch.cuda.is_available())
-
-
-def mark(ok: bool | None) -> str:
-    return {True: "ok", False: "FAILED", None: "seen"}[ok]
 
 
 def compare(results: dict[str, list[checks.Result]]) -> dict[str, checks.Result]:

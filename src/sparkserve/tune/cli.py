@@ -18,18 +18,16 @@ from __future__ import annotations
 import argparse
 import contextlib
 import datetime as dt
-import json
 import re
 import sys
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any
 
 from sparkserve import __version__
 from sparkserve import command_line as cl
 from sparkserve.bench.prompts import KINDS
-from sparkserve.client.server import Server, ServerInfo
-from sparkserve.client.tool import output_folder, say
+from sparkserve.client.tool import say, write_report
 from sparkserve.guard import marker_path
 from sparkserve.knobs import BY_NAME, KnobError
 from sparkserve.memory import checkpoint
@@ -39,13 +37,10 @@ from sparkserve.settings import Settings, check_budget, check_recipe_fits, resol
 from sparkserve.tune import candidates as cand
 from sparkserve.tune import report, workload
 from sparkserve.tune.draft_loop import run_draft_loop
-from sparkserve.tune.driver import Driver
 from sparkserve.tune.driver_options import (
     add_restart_options,
     guarded,
-    launcher_of,
-    make_driver,
-    server_settings,
+    prepare,
 )
 from sparkserve.tune.memory_loop import run_memory_loop, trials_as_dicts
 from sparkserve.tune.restarts import Restarts, estimate_line, knob_lines
@@ -154,29 +149,11 @@ def add_command(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -
     draft.set_defaults(run=run_draft)
 
 
-class Prepared(NamedTuple):
-    server: Server
-    info: ServerInfo
-    out: Path
-    driver: Driver
-    served: Settings
-    default_restart_s: float
-
-
-def _prepare(args: argparse.Namespace, env: Mapping[str, str], stem: str) -> Prepared:
-    settings = resolve_settings(env, launcher_of(args))
-    url = args.url or f"http://127.0.0.1:{settings['PORT']}"
-    server = Server(url, settings["API_KEY"])
-    info = server.probe(args.model or None)
-    out = output_folder(args.out, stem)
-    driver = make_driver(args, env, url, out)
-    served = server_settings(driver.knobs(), launcher_of(args))
-    if served.pair:
-        raise cl.UsageError("CLUSTER_NODES=2: tune restarts one server; tune a pair by hand")
-    default_restart = args.restart_s
-    if default_restart is None:
-        default_restart = 60.0 if served.image == "cpu" else 300.0
-    return Prepared(server, info, out, driver, served, default_restart)
+def _default_restart_s(args: argparse.Namespace, served: Settings) -> float:
+    """The restart time to estimate with before one is measured."""
+    if args.restart_s is not None:
+        return float(args.restart_s)
+    return 60.0 if served.image == "cpu" else 300.0
 
 
 def _weights_bytes(settings: Settings) -> tuple[int, str]:
@@ -234,19 +211,6 @@ def write_env(path: Path, changes: Mapping[str, str]) -> None:
     path.write_text("\n".join(lines) + "\n")
 
 
-def _finish(
-    out: Path, stem: str, result: dict[str, Any], draw: Callable[[dict[str, Any], Path], None]
-) -> None:
-    out.mkdir(parents=True, exist_ok=True)
-    try:
-        draw(result, out / f"{stem}.png")
-    except ImportError as exc:
-        result["files"]["png"] = None
-        say(f"[tune] no plot: {exc} (install matplotlib)")
-    (out / f"{stem}.json").write_text(json.dumps(result, indent=2) + "\n")
-    say(f"[tune] wrote {out}/" + ", ".join(f for f in result["files"].values() if f))
-
-
 def _recommend(args: argparse.Namespace, knob: str, value: str) -> int:
     """The knob line on stdout, and into the .env file only when asked (--write-env)."""
     print(knob_lines({knob: value}), end="", flush=True)
@@ -257,7 +221,8 @@ def _recommend(args: argparse.Namespace, knob: str, value: str) -> int:
 
 
 def _memory(args: argparse.Namespace, env: Mapping[str, str]) -> int:
-    server, info, out, driver, served, default_restart = _prepare(args, env, "tune-memory")
+    server, info, out, driver, served = prepare(args, env, "tune-memory", "tune")
+    default_restart = _default_restart_s(args, served)
     knob = args.knob or ("KV_CACHE_GB" if served["KV_CACHE_GB"] else "GPU_MEM")
     start_value = served[knob]
     if not start_value:
@@ -306,7 +271,7 @@ def _memory(args: argparse.Namespace, env: Mapping[str, str]) -> int:
         "running": restarts.running,
         "files": {"json": "tune-memory.json", "png": "tune-memory.png"},
     }  # fmt: skip
-    _finish(out, "tune-memory", result, report.plot_memory)
+    write_report(out, "tune-memory", result, report.plot_memory, "tune")
     if kept is None:
         say(f"[tune] no candidate passed; the server runs with {knob}={start_value} again")
         return cl.EXIT_FAILED
@@ -336,7 +301,8 @@ def _draft(args: argparse.Namespace, env: Mapping[str, str]) -> int:
         from sparkserve.bench.cli import parse_kinds
 
         prompts = workload.kind_prompts(parse_kinds(args.kinds), args.per_kind)
-    server, info, out, driver, served, default_restart = _prepare(args, env, "tune-draft")
+    server, info, out, driver, served = prepare(args, env, "tune-draft", "tune")
+    default_restart = _default_restart_s(args, served)
     if (
         not served.speculating
         and served["SPEC_METHOD"] == ""
@@ -380,7 +346,7 @@ def _draft(args: argparse.Namespace, env: Mapping[str, str]) -> int:
         "lengths": rows, "running": restarts.running,
         "files": {"json": "tune-draft.json", "png": "tune-draft.png"},
     }  # fmt: skip
-    _finish(out, "tune-draft", result, report.plot_draft)
+    write_report(out, "tune-draft", result, report.plot_draft, "tune")
     if best is None:
         say("[tune] no length was measured; the starting setting is back")
         return cl.EXIT_FAILED

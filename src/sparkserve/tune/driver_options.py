@@ -9,10 +9,12 @@ import argparse
 import os
 from collections.abc import Callable, Mapping
 from pathlib import Path
+from typing import NamedTuple
 
 from sparkserve import command_line as cl
 from sparkserve import recipes
-from sparkserve.client.tool import BEFORE_LOAD_ERRORS, RunAborted, say
+from sparkserve.client.server import Server, ServerInfo
+from sparkserve.client.tool import BEFORE_LOAD_ERRORS, RunAborted, output_folder, say
 from sparkserve.dotenv import with_dotenv
 from sparkserve.knobs import Launcher
 from sparkserve.recipes import RecipeError
@@ -104,6 +106,29 @@ def server_settings(knobs: Mapping[str, str], launcher: Launcher) -> Settings:
     if "VLLM_API_KEY" in env:  # the launcher hands the key to vLLM under this name
         env.setdefault("API_KEY", env["VLLM_API_KEY"])
     return resolve_settings(env, launcher)
+
+
+class Prepared(NamedTuple):
+    server: Server
+    info: ServerInfo
+    out: Path
+    driver: Driver
+    served: Settings  # what the running server was started with
+
+
+def prepare(args: argparse.Namespace, env: Mapping[str, str], stem: str, tool: str) -> Prepared:
+    """Before any restart: the server reached with the knobs of `env` (its URL and key), the
+    output folder, the checked driver, and the server's own settings; a pair is refused."""
+    settings = resolve_settings(env, launcher_of(args))
+    url = args.url or f"http://127.0.0.1:{settings['PORT']}"
+    server = Server(url, settings["API_KEY"])
+    info = server.probe(args.model or None)
+    out = output_folder(args.out, stem)
+    driver = make_driver(args, env, url, out)
+    served = server_settings(driver.knobs(), launcher_of(args))
+    if served.pair:
+        raise cl.UsageError(f"CLUSTER_NODES=2: {tool} restarts one server; {tool} a pair by hand")
+    return Prepared(server, info, out, driver, served)
 
 
 def guarded(prog: str, tag: str, body: Body) -> Run:

@@ -4,8 +4,6 @@ a client reads when it asks for something the server refuses."""
 
 from __future__ import annotations
 
-import http.client
-import json
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -19,24 +17,6 @@ def probe_for(server: Any, model: str, settings: Settings, out: Path) -> Probe:
     return Probe(server=server, key=settings["API_KEY"], model=model, speculative=False,
                  head_report_dir=out, int8_head=False, cuda=False,
                  metrics_open=settings.flag("METRICS_OPEN"))  # fmt: skip
-
-
-def _post(probe: Probe, path: str, body: dict[str, Any]) -> tuple[int, Any]:
-    server = probe.server
-    connection = http.client.HTTPConnection(server.host, server.port, timeout=120)
-    headers = {"Content-Type": "application/json"}
-    if probe.key:
-        headers["Authorization"] = f"Bearer {probe.key}"
-    try:
-        connection.request("POST", server.prefix + path, json.dumps(body), headers)
-        response = connection.getresponse()
-        raw = response.read().decode(errors="replace")
-    finally:
-        connection.close()
-    try:
-        return response.status, json.loads(raw)
-    except ValueError:
-        return response.status, raw
 
 
 def _error_message(body: Any) -> str:
@@ -59,7 +39,7 @@ def check_error_bodies(probe: Probe, max_len: int) -> Result:
     }  # fmt: skip
     wrong, seen = [], []
     for what, (expected, body) in asks.items():
-        status, reply = _post(probe, "/v1/completions", body)
+        status, reply = checks.reply_of(probe, "POST", "/v1/completions", probe.key or None, body)
         message = _error_message(reply)
         seen.append(f"{what}: {status} {message[:60]!r}")
         if status != expected or not message:

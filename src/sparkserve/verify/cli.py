@@ -16,27 +16,21 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
-import json
 import sys
 from collections.abc import Mapping
-from dataclasses import asdict
-from pathlib import Path
-from typing import Any
+from dataclasses import asdict, dataclass, field
 
 from sparkserve import __version__, recipes
 from sparkserve import command_line as cl
 from sparkserve.client.server import Server, ServerError
-from sparkserve.client.tool import output_folder, say
+from sparkserve.client.tool import say, write_report
 from sparkserve.recipes import RecipeError
 from sparkserve.selftest.checks import Result, run_checks
-from sparkserve.settings import resolve_settings
 from sparkserve.tune.driver import RestartFailed
 from sparkserve.tune.driver_options import (
     add_restart_options,
     guarded,
-    launcher_of,
-    make_driver,
-    server_settings,
+    prepare,
 )
 from sparkserve.tune.restarts import Interrupted
 from sparkserve.verify import api, collect, compare, phases, report
@@ -82,14 +76,15 @@ def _checks(text: str) -> set[str]:
     return chosen
 
 
+@dataclass
 class Collected:
-    """What each phase read: greedy runs by prompt, and teacher-forced scores."""
+    """What each phase read: greedy runs by setting and prompt, teacher-forced scores by the
+    setting they score, and the served setting's repeat of the shared prefix."""
 
-    def __init__(self) -> None:
-        self.runs: dict[str, dict[str, collect.Run]] = {}
-        self.scores: dict[str, dict[str, list[collect.Score]]] = {}
-        self.repeat: dict[str, collect.Run] = {}
-        self.repeat_hits = 0.0
+    runs: dict[str, dict[str, collect.Run]] = field(default_factory=dict)
+    scores: dict[str, dict[str, list[collect.Score]]] = field(default_factory=dict)
+    repeat: dict[str, collect.Run] = field(default_factory=dict)
+    repeat_hits: float = 0.0
 
 
 def _greedy_all(server: Server, model: str, prompts: list[collect.Rendered],
@@ -168,15 +163,7 @@ def _limits(args: argparse.Namespace, recipe_name: str) -> tuple[float, float, s
 
 def _verify(args: argparse.Namespace, env: Mapping[str, str]) -> int:
     checks = _checks(args.checks)
-    settings = resolve_settings(env, launcher_of(args))
-    url = args.url or f"http://127.0.0.1:{settings['PORT']}"
-    server = Server(url, settings["API_KEY"])
-    info = server.probe(args.model or None)
-    out = output_folder(args.out, "verify")
-    driver = make_driver(args, env, url, out)
-    served = server_settings(driver.knobs(), launcher_of(args))
-    if served.pair:
-        raise cl.UsageError("CLUSTER_NODES=2: verify restarts one server; verify a pair by hand")
+    server, info, out, driver, served = prepare(args, env, "verify", "verify")
     uses = phases.Uses.of(served)
     max_delta, tie, limits_source = _limits(args, served["RECIPE"])
     plan = phases.plan(uses, checks)
@@ -225,7 +212,7 @@ def _verify(args: argparse.Namespace, env: Mapping[str, str]) -> int:
         "failed": report.failed(results),
         "files": {"json": "verify.json", "png": "verify.png"},
     }  # fmt: skip
-    _write(out, document)
+    write_report(out, "verify", document, report.plot, "verify")
     print(report.table(results))
     if status == cl.EXIT_INTERRUPTED:
         say(f"[verify] {results[-1][1].detail}: the starting setting is back")
@@ -246,17 +233,6 @@ def _vllm_version(server: Server) -> str:
         return str(server.request("/version")["version"])
     except (ServerError, KeyError, TypeError):
         return "unknown"
-
-
-def _write(out: Path, document: dict[str, Any]) -> None:
-    out.mkdir(parents=True, exist_ok=True)
-    try:
-        report.plot(document, out / "verify.png")
-    except ImportError as exc:
-        document["files"]["png"] = None
-        say(f"[verify] no plot: {exc} (install matplotlib)")
-    (out / "verify.json").write_text(json.dumps(document, indent=1, default=str) + "\n")
-    say(f"[verify] wrote {out}/verify.json")
 
 
 run = guarded(PROG, "verify", _verify)

@@ -70,19 +70,11 @@ def render(server: Server, model: str, max_len: int, gen_tokens: int) -> list[Re
     while True:
         text = document(paragraphs)
         rendered = [
-            Rendered(p, tuple(_ids(server.request("/tokenize", p.tokenize_body(model, text)))))
-            for p in PROMPTS
+            Rendered(p, tuple(server.token_ids(p.tokenize_body(model, text)))) for p in PROMPTS
         ]
         if max(len(r.ids) for r in rendered) <= limit or paragraphs == 1:
             return rendered
         paragraphs = max(1, paragraphs * 9 // 10)
-
-
-def _ids(reply: Any) -> list[int]:
-    try:
-        return [int(t) for t in reply["tokens"]]
-    except (TypeError, KeyError, ValueError):
-        raise ServerError("/tokenize: unexpected answer") from None
 
 
 def greedy(server: Server, model: str, prompt: Rendered, gen_tokens: int) -> Run:

@@ -7,15 +7,13 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from sparkserve.selftest.checks import Result
-
-MARK = {True: "ok", False: "FAILED", None: "seen"}
+from sparkserve.selftest.checks import Result, mark
 
 
 def table(results: list[tuple[str, Result]]) -> str:
     rows = ["| setting | check | result | detail |", "| --- | --- | --- | --- |"]
     for phase, result in results:
-        rows.append(f"| {phase} | {result.name} | {MARK[result.ok]} | {result.detail} |")
+        rows.append(f"| {phase} | {result.name} | {mark(result.ok)} | {result.detail} |")
     return "\n".join(rows)
 
 
