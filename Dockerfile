@@ -132,7 +132,7 @@ COPY recipes ./recipes
 RUN ./finish-image.sh \
     # The int8 lm-head kernels compile for the Spark (sm_121) with the Triton just installed
     # and fit a GB10 block's shared memory: a Triton whose API moved stops the build.
-    && python -m sparkserve.lmhead.compile_check --arch 121
+    && python -m sparkserve.in_vllm.lmhead.compile_check --arch 121
 
 EXPOSE 8000
 HEALTHCHECK --interval=30s --timeout=10s --start-period=1800s --retries=3 \

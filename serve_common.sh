@@ -3,7 +3,7 @@
 # sets PROG (its own name, for messages) before sourcing this file.
 : "${PROG:?the launcher sets PROG before sourcing serve_common.sh}"
 # The knobs themselves (names, defaults, allowed values, why) live in one registry:
-# src/sparkserve/knobs.py. Nothing here starts vLLM until every knob has passed it.
+# src/sparkserve/knobs/registry.py. Nothing here starts vLLM until every knob has passed it.
 
 # refuse_arguments ARGS...: settings come from the environment only, so that compose, docs
 # and validation see every one of them; a stray argument is a mistake, not an option. The one
@@ -46,7 +46,7 @@ python_step() {
   rm -f -- "${said}" "${out}"
 }
 
-# set_variables FILE: the variables a Python step wrote to FILE (sparkserve.shell.records:
+# set_variables FILE: the variables a Python step wrote to FILE (sparkserve.launch.shell.records:
 # `scalar NAME VALUE` or `array NAME COUNT WORD...`, every field ended by a NUL) as this
 # shell's globals. Read as data, never run: no value can execute anything here.
 set_variables() {
@@ -113,7 +113,7 @@ refuse() {
 }
 
 # vllm_command: vLLM's whole command line and environment, decided in one place
-# (src/sparkserve/vllm_command.py) from the settings and the target's own config.json, into
+# (src/sparkserve/launch/vllm_command.py) from the settings and the target's own config.json, into
 # VLLM_ARGS and VLLM_ENV; the guard's and the pair watch's commands watch this shell's PID,
 # vLLM's parent (run_vllm).
 vllm_command() {
@@ -178,7 +178,7 @@ fetch_models() {
 }
 
 # start_guard: the memory guard, in the background, next to the vLLM we are about to become;
-# its keeper (sparkserve.guard_keeper) runs it and replaces it if it dies while vLLM runs.
+# its keeper (sparkserve.guard.keeper) runs it and replaces it if it dies while vLLM runs.
 start_guard() {
   (( ${#GUARD_ARGS[@]} > 0 )) || return 0
   "${GUARD_ARGS[@]}" </dev/null >&2 &
@@ -256,7 +256,7 @@ run_vllm() {
   # A trapped signal makes `wait` return at once (the trap runs right after): wait again, for
   # vLLM's own status. Not when vLLM is gone: a signal that lands as vLLM dies can make bash
   # (5.2) reap it and lose its status, and a second `wait` would then block until the guard's
-  # keeper, our other child, exits (a stop's SIGTERM unanswered; tests/test_serve_common.py).
+  # keeper, our other child, exits (a stop's SIGTERM unanswered; tests/launch/test_serve_common.py).
   while :; do
     asked=${STOP_ASKED}
     status=0

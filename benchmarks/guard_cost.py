@@ -1,6 +1,6 @@
 """What the memory guard costs while nothing happens: its share of one core and its memory.
 
-The guard (`python -m sparkserve.guard`, default polling: 5 readings a second while
+The guard (`python -m sparkserve.guard.monitor`, default polling: 5 readings a second while
 MemAvailable is steady) watches a sleeping process, with the floor far under MemAvailable so
 that it never acts. Per run, after the interpreter's start: the CPU time the guard used over
 `--seconds` (utime + stime from /proc/PID/stat) as a share of one core, and its VmRSS.
@@ -44,7 +44,7 @@ def run_once(number: int, seconds: float, settle_s: float) -> dict[str, object]:
     env = dict(os.environ, PYTHONPATH=str(SRC))
     with tempfile.TemporaryDirectory() as work:
         guard = subprocess.Popen(
-            [sys.executable, "-m", "sparkserve.guard", "--pid", str(sleeper.pid),
+            [sys.executable, "-m", "sparkserve.guard.monitor", "--pid", str(sleeper.pid),
              "--floor-gb", "0.5", "--swap-mb-s", "0", "--textfile-dir", work],
             env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         )  # fmt: skip

@@ -3,7 +3,7 @@
 The watched process is itself the hog: it allocates and touches 8 MiB chunks, reads
 MemAvailable after each (as the guard does: its cgroup's headroom where that is less), and
 notes the first reading under the floor and when its SIGTERM handler runs. The guard
-(`python -m sparkserve.guard`, default polling) watches it with the floor a few GiB under
+(`python -m sparkserve.guard.monitor`, default polling) watches it with the floor a few GiB under
 MemAvailable at the start. Per run: the hog's rate, the lowest MemAvailable against the floor,
 and the time from the hog's first reading under the floor to the guard's SIGTERM (from the
 guard's stop line) and to the hog's handler. Standard library, psutil and sparkserve only, so
@@ -66,7 +66,7 @@ def run_once(work: Path, below: int, cap: int, chunk: int = 8 << 20) -> dict[str
         env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
     )  # fmt: skip
     guard = subprocess.Popen(
-        [sys.executable, "-m", "sparkserve.guard", "--pid", str(hog.pid),
+        [sys.executable, "-m", "sparkserve.guard.monitor", "--pid", str(hog.pid),
          "--floor-gb", f"{floor / GIB:.4f}", "--swap-mb-s", "0", "--psi-full-pct", "0",
          "--grace-s", "5", "--textfile-dir", str(work)],
         env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,

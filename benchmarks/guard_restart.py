@@ -1,7 +1,7 @@
 """How fast the guard keeper answers a hung guard and a guard killed with SIGKILL: a new guard,
 then a stop.
 
-The keeper (`python -m sparkserve.guard_keeper`, as the launchers start it) guards a sleeping
+The keeper (`python -m sparkserve.guard.keeper`, as the launchers start it) guards a sleeping
 process with the floor far under MemAvailable. Per run: the keeper's CPU over IDLE_S with a
 healthy guard; the guard SIGSTOPped (hung: alive, taking no readings) and the time to the new
 guard's first write of `watching 1`; then the guard killed with SIGKILL until the keeper's
@@ -31,7 +31,7 @@ import psutil
 from bench_record import record_runs
 from guard_cost import rss_mib
 
-from sparkserve.guard_keeper import RESTARTS
+from sparkserve.guard.keeper import RESTARTS
 
 COLUMNS = ("run", "hung_s", "restarts_s", "max_restart_s", "stop_s", "keeper_cpu_pct",
            "keeper_rss_mib", "guard_rss_mib", "load_1m")  # fmt: skip
@@ -72,7 +72,7 @@ def run_once(number: int) -> dict[str, object]:
     with tempfile.TemporaryDirectory() as work:
         state = Path(work) / "guard.prom"
         keeper_proc = subprocess.Popen(
-            [sys.executable, "-m", "sparkserve.guard_keeper", "--pid", str(sleeper.pid),
+            [sys.executable, "-m", "sparkserve.guard.keeper", "--pid", str(sleeper.pid),
              "--floor-gb", "0.5", "--swap-mb-s", "0", "--textfile-dir", work],
             env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         )  # fmt: skip

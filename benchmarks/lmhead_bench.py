@@ -31,8 +31,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from sparkserve.lmhead import int8_kernel, layout
-from sparkserve.lmhead.int8_kernel import (
+from sparkserve.in_vllm.lmhead import int8_kernel, layout
+from sparkserve.in_vllm.lmhead.int8_kernel import (
     KernelConfig,
     int8_linear,
     quantize_rows_int8,
@@ -279,7 +279,7 @@ def calibration_run(dev: torch.device, bw: float, preferred: str, max_rows: int)
     with a deliberately bad 1-16-row entry, and the choice over every layout this GPU can use;
     then every M from 1 to ``max_rows`` timed (graph replays) for bf16, the rows layout's
     built-in table, and what each choice serves."""
-    from sparkserve.lmhead import calibrate
+    from sparkserve.in_vllm.lmhead import calibrate
 
     n, k = SHAPES[0]
     w = (torch.randn(n, k, device=dev) * 0.02).to(torch.bfloat16)

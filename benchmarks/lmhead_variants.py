@@ -2,10 +2,10 @@
 
 ``mma``: the swapped product ``W @ x.T`` in Triton (session 1's first version), kept so that
 ``lmhead_bench.py --sweep`` can still compare it with the served kernels. It was never faster than
-the ``mmab`` kernel of ``sparkserve.lmhead.int8_kernel`` (0.247-0.257 ms against 0.196 at M <= 16
-on an H200). The other retired variants (``asm_cvt``, an inline-PTX int8 -> bf16 conversion, and
-``mma_v2``, Triton's DISABLE_MMA_V3 switch) are described in the notes; their code was removed
-from the served kernel after session 7 (git history has it).
+the ``mmab`` kernel of ``sparkserve.in_vllm.lmhead.int8_kernel`` (0.247-0.257 ms against 0.196 at
+M <= 16 on an H200). The other retired variants (``asm_cvt``, an inline-PTX int8 -> bf16
+conversion, and ``mma_v2``, Triton's DISABLE_MMA_V3 switch) are described in the notes; their code
+was removed from the served kernel after session 7 (git history has it).
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import torch
 import triton
 import triton.language as tl
 
-from sparkserve.lmhead.int8_kernel import KernelConfig
+from sparkserve.in_vllm.lmhead.int8_kernel import KernelConfig
 
 
 def mma_int8_linear(

@@ -43,8 +43,8 @@ import smaps
 from bench_record import record_runs
 
 from sparkserve.client.server import Server
-from sparkserve.guard import marker_path
-from sparkserve.settings import tool_settings
+from sparkserve.guard.monitor import marker_path
+from sparkserve.launch.settings import tool_settings
 from support.cpu_launch import MODEL_NAME, REPO, cpu_python, install_sparkserve, launcher_server
 from support.soak import SoakPlan, SoakResult, guard_state, run_soak, summary, windows
 

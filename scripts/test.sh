@@ -3,7 +3,7 @@
 # venvs (each exactly its hash lock, requirements/*.lock), lints, then runs pytest. Arguments
 # go to pytest, e.g. `./scripts/test.sh -k patch`. `--quick` first: the contributors' inner
 # loop, every test that starts no vLLM server and no container (all but tests/e2e) and does not
-# run the release tests again on the next vLLM (tests/test_next_release.py), no Docker.
+# run the release tests again on the next vLLM (tests/releases/test_next_release.py), no Docker.
 set -euo pipefail
 
 quick=0
@@ -73,7 +73,7 @@ fuzz="$(ensure_venv api-fuzz "${PYTHON}" install_api_fuzz_venv \
 export SPARKSERVE_SCHEMATHESIS="${fuzz}/bin/schemathesis"
 SPARKSERVE_VLLM_BUGGY_SRC="$(ensure_vllm_source "${VLLM_BUGGY_VERSION}" vllm-sources)"
 export SPARKSERVE_VLLM_BUGGY_SRC
-# The next release's sources: tests/test_next_release.py runs the version-sensitive tests on them.
+# The next release's sources: tests/releases/test_next_release.py runs the version-sensitive tests on them.
 SPARKSERVE_VLLM_NEXT_SRC="$(ensure_vllm_source "${VLLM_NEXT_VERSION}" vllm-next-sources)"
 export SPARKSERVE_VLLM_NEXT_SRC
 export VLLM_TARGET_DEVICE=cpu

@@ -20,6 +20,21 @@
 #                            $OUT/caches.txt; HF_HOME under /tmp stays for the next call (the
 #                            caches a later case reuses; benchmarks/gpu/selftest_merge.py
 #                            compares cases run in different calls)
+#   h200.sh verify           the same install, then `sparkserve verify` with the launcher driver
+#                            (--gen-tokens GEN_TOKENS, 32) against serve.sh serving the
+#                            selftest's models of the default recipe (8 layers; DFlash, int8
+#                            head, prefix caching; benchmarks/gpu/verify_server.py starts it).
+#                            The run goes on in a session of its own (h200.sh verify-run, at
+#                            most VERIFY_LIMIT_S, 900, then SIGINT: verify restores and writes
+#                            what it read), since a cold start and 4 restarts outlast one
+#                            call; this call follows its log until it ends or until
+#                            WAIT_UNTIL_S (570). Call `h200.sh verify` again within the 30 s the
+#                            machine stays warm to follow it on (INT_AT_S=N: SIGINT to
+#                            verify at this call's second N if it still runs). Each call brings back
+#                            OUT/verify.tgz (the run's folder: verify's output, every server
+#                            log, the command), verify.json, verify.png, verify_table.txt and
+#                            run.log as far as they are written; the exit status is verify's
+#                            once it ended, 0 while it runs on
 #
 # Every step prints its seconds; the host's own torch, triton and CUDA stay as they are.
 set -euo pipefail
@@ -98,7 +113,7 @@ gpu_tests() {
   host_env
   step "the lm-head's tests on this GPU"
   (cd "${REPO}" && PYTHONPATH="${REPO}/src:${REPO}/tests:${PYTHONPATH}" \
-    python3 -m pytest -p no:cacheprovider -q tests/lmhead)
+    python3 -m pytest -p no:cacheprovider -q tests/in_vllm/lmhead)
 }
 
 # the GPU, its memory and driver, printed and kept in OUT/gpu.txt
@@ -160,11 +175,119 @@ selftest() {
   return "${status}"
 }
 
+# SIGTERM to the server's process group (the launcher's pid, which verify keeps current in
+# the pid file), SIGKILL after 60 s
+stop_server() {
+  local pid waited=0
+  pid="$(cat "$1/server.pid" 2>/dev/null)" || return 0
+  [[ "${pid}" =~ ^[0-9]+$ ]] || return 0
+  kill -TERM -- "-${pid}" 2>/dev/null || return 0
+  while kill -0 -- "-${pid}" 2>/dev/null && (( waited < 60 )); do
+    sleep 1
+    waited=$((waited + 1))
+  done
+  kill -KILL -- "-${pid}" 2>/dev/null || true
+  step "server stopped (launcher pid ${pid}, ${waited} s)"
+}
+
+# the run `h200.sh verify` starts in a session of its own: the server, verify, the stop
+verify_run() {
+  local work="${ROOT}/verify" status=0
+  host_env
+  # what this host needs that the Spark image does not (as selftest): the launcher's
+  # environment, so every restart's too
+  export HF_HOME="${ROOT}/hf" VLLM_USE_FLASHINFER_SAMPLER=0
+  export EXTRA_ARGS="--additional-config '{\"gdn_prefill_backend\": \"triton\"}'"
+  step "serve.sh: the selftest's models (default recipe, 8 layers), DFlash, int8 head, prefix caching"
+  if python3 -u "${REPO}/benchmarks/gpu/verify_server.py" --work "${work}" \
+      --timeout-s "${START_TIMEOUT_S:-900}"; then
+    step "serve.sh healthy after ${SECONDS} s"
+    local command=(python3 -u -m sparkserve verify --driver launcher --launcher dflash
+      --pid-file "${work}/server.pid" --url "$(cat "${work}/url")" --out "${work}/out"
+      --gen-tokens "${GEN_TOKENS:-32}" --checks "${VERIFY_CHECKS:-api,prefix,speculation,head}"
+      --healthy-timeout-s 600)
+    # the key stays in its file
+    printf 'API_KEY="<%s>" timeout -s INT -k 300 %s %s\n' "${work}/key" \
+      "${VERIFY_LIMIT_S:-900}" "${command[*]}" > "${work}/command.txt"
+    step "verify: $(cat "${work}/command.txt")"
+    API_KEY="$(cat "${work}/key")" timeout -s INT -k 300 "${VERIFY_LIMIT_S:-900}" \
+      "${command[@]}" > "${work}/verify.txt" &
+    echo "$!" > "${work}/verify.pid"
+    wait "$!" || status=$?
+    step "verify: exit ${status} after ${SECONDS} s"
+  else
+    status=$?
+    step "serve.sh: not healthy (exit ${status})"
+  fi
+  stop_server "${work}"
+  echo "${status}" > "${work}/rc"
+}
+
+# the run's folder and its main files into OUT (as far as they are written)
+verify_collect() {
+  local work="$1" out="$2" file
+  for file in out/verify.json out/verify.png run.log; do
+    if [[ -f "${work}/${file}" ]]; then cp "${work}/${file}" "${out}/"; fi
+  done
+  if [[ -f "${work}/verify.txt" ]]; then cp "${work}/verify.txt" "${out}/verify_table.txt"; fi
+  # a server may still write its log: tar's 1 is "changed as we read it"
+  tar -C "${ROOT}" --warning=no-file-changed -czf "${out}/verify.tgz" verify || (( $? == 1 ))
+}
+
+verify_gpu() {
+  local out="${OUT:?h200.sh: OUT names the folder whose files come back}"
+  local work="${ROOT}/verify" shown=0 lines status
+  install
+  gpu_line "${out}"
+  if [[ -f "${work}/job.pid" ]]; then
+    step "verify: the run this machine began goes on (pid $(cat "${work}/job.pid"))"
+  else
+    rm -rf "${work}"
+    mkdir -p "${work}"
+    : > "${work}/run.log"
+    setsid bash "${REPO}/benchmarks/gpu/h200.sh" verify-run < /dev/null > "${work}/run.log" 2>&1 &
+    echo "$!" > "${work}/job.pid"
+    step "verify: started in a session of its own (pid $!, log ${work}/run.log)"
+  fi
+  while [[ ! -f "${work}/rc" ]] && (( SECONDS < ${WAIT_UNTIL_S:-570} )); do
+    lines="$(wc -l < "${work}/run.log")"
+    if (( lines > shown )); then
+      sed -n "$((shown + 1)),${lines}p" "${work}/run.log"
+      shown="${lines}"
+    fi
+    kill -0 "$(cat "${work}/job.pid")" 2>/dev/null || break
+    # INT_AT_S: this call's second at which verify is told to stop (SIGINT to its timeout, which
+    # passes it on): verify restores the starting setting and writes what it read
+    if [[ -n "${INT_AT_S:-}" && -f "${work}/verify.pid" && ! -f "${work}/verify.int" ]] &&
+        (( SECONDS >= INT_AT_S )); then
+      kill -INT "$(cat "${work}/verify.pid")" 2>/dev/null || true
+      touch "${work}/verify.int"
+      step "verify: SIGINT at ${SECONDS} s (INT_AT_S)"
+    fi
+    sleep 5
+  done
+  sed -n "$((shown + 1)),\$p" "${work}/run.log"
+  verify_collect "${work}" "${out}"
+  if [[ -f "${work}/rc" ]]; then
+    status="$(cat "${work}/rc")"
+    step "verify: done, exit ${status}"
+    return "${status}"
+  fi
+  if ! kill -0 "$(cat "${work}/job.pid")" 2>/dev/null; then
+    step "verify: the run ended without an exit status (run.log)"
+    return 3
+  fi
+  step "verify: runs on; call 'h200.sh verify' again within 30 s to follow it"
+}
+
 case "${1:-}" in
   stash) stash "${2:?h200.sh stash N}" ;;
   tests) gpu_tests ;;
   starts) starts "${2:?h200.sh starts CASES}" ;;
   selftest) selftest "${2:?h200.sh selftest CASES}" ;;
-  *) echo "h200.sh: ${1:-no command}: one of stash N, tests, starts CASES, selftest CASES" >&2
+  verify) verify_gpu ;;
+  verify-run) verify_run ;;
+  *) echo "h200.sh: ${1:-no command}: one of stash N, tests, starts CASES, selftest CASES," \
+       "verify" >&2
      exit 2 ;;
 esac

@@ -45,9 +45,9 @@ import urllib.request
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from sparkserve.knobs import stop_grace_s
+from sparkserve.knobs.registry import stop_grace_s
+from sparkserve.launch.vllm_command import start_caches
 from sparkserve.selftest.models import write_models
-from sparkserve.vllm_command import start_caches
 
 REPO = Path(__file__).resolve().parents[2]
 RECIPE = REPO / "recipes" / "qwen3.5-122b-a10b"
@@ -58,7 +58,7 @@ PORT = 8123
 # the bundle (FACTS "vLLM's CUDA build on an H200 host")
 HOST_ENV = {"VLLM_USE_FLASHINFER_SAMPLER": "0"}
 HOST_ARGS = '--additional-config \'{"gdn_prefill_backend": "triton"}\''
-# the caches sparkserve.vllm_command.start_caches puts on the volume, and the calibration's
+# the caches sparkserve.launch.vllm_command.start_caches puts on the volume, and the calibration's
 VOLUME_CACHES = (*(Path(path).name for path in start_caches("").values()), "sparkserve")
 MEMORY_LINES = (
     "Available KV cache memory", "GPU KV cache size", "Model loading took", "memory profiling",

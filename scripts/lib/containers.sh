@@ -89,14 +89,19 @@ host_pip_build_flags() {
 }
 
 # ensure_cpu_image REPO TAG BASE: build (or, from podman's layer cache, reuse) the Dockerfile's
-# `cpu` target on BASE. Prints TAG.
+# `cpu` target on BASE. Prints TAG; a failed build returns 1. Checked by hand: this runs in a
+# command substitution, where `set -e` does not reach, and TAG may still name an older build
+# (the tag is per checkout path), which must never be tested in its place.
 ensure_cpu_image() {
   local repo="$1" tag="$2" base="$3" started flags
   mapfile -t flags < <(host_pip_build_flags)
   log "containers: building ${tag} (Dockerfile target cpu; cached layers are reused)"
   started=${SECONDS}
-  podman build --format docker --network host --target cpu \
-    --build-arg "CPU_BASE_IMAGE=${base}" "${flags[@]}" --tag "${tag}" "${repo}" >&2
+  if ! podman build --format docker --network host --target cpu \
+    --build-arg "CPU_BASE_IMAGE=${base}" "${flags[@]}" --tag "${tag}" "${repo}" >&2; then
+    log "containers: building ${tag} failed (podman's last lines above); nothing is tested on it"
+    return 1
+  fi
   log "containers: ${tag} ready in $((SECONDS - started)) s"
   printf '%s\n' "${tag}"
 }

@@ -216,7 +216,8 @@ prepare_suite_docker() {
   ensure_docker_packages
   base_image="$(ensure_base_image localhost/sparkserve-base:bookworm)"
   image_tag="$(suite_image_tag "${repo}")"
-  built_image="$(ensure_cpu_image "${repo}" "localhost/sparkserve:${image_tag}" "${base_image}")"
+  built_image="$(ensure_cpu_image "${repo}" "localhost/sparkserve:${image_tag}" "${base_image}")" \
+    || exit 1
   trap stop_docker_engine EXIT
   start_docker_engine
   use_compose_plugin "${core}"

@@ -12,7 +12,7 @@
 # server service of this checkout runs.
 # Results: --out, else $SPARKSERVE_RESULTS/<tool>-YYYYmmdd-HHMMSS, default results/ in the
 # checkout (ignored by git).
-# Needs REPO set; source this file, then `run_host_tool stress|bench "$@"`.
+# Needs REPO set; source this file, then `run_host_tool stress|bench|llama-benchy "$@"`.
 
 # the compose services that serve the API, in the order they are looked for
 HOST_TOOL_SERVICES=(sparkserve sparkserve-mtp sparkserve-head sparkserve-cpu)

@@ -1,6 +1,6 @@
 # shellcheck shell=bash
 # The venv of olah, the Hugging Face mirror the download-fault tests fetch from
-# (tests/test_fetch_faults.py): requirements/test-hub-mirror.lock, exactly.
+# (tests/fetch/test_fetch_faults.py): requirements/test-hub-mirror.lock, exactly.
 # Apart from the core venv on purpose: the client under test is the core venv's
 # huggingface_hub (the image's pin), and olah's own pins never touch that venv's key.
 # Needs scripts/lib/venv.sh sourced. Source this file; it defines functions only.

@@ -11,7 +11,7 @@ platform), and the three things done with them.
   locks.py pinning KEY                 the locks that pin a release of versions.env's KEY
 
 scripts/lock.sh writes the locks, scripts/test.sh and the Dockerfile install them with
-`pip install --no-deps --require-hashes` (nothing unlisted can enter), and tests/test_locks.py
+`pip install --no-deps --require-hashes` (nothing unlisted can enter), and tests/image/test_locks.py
 fails when a requirement changed without its lock. Standard library only: it runs on the
 host's python3, before any venv exists.
 """

@@ -16,22 +16,23 @@ import sys
 from pathlib import Path
 
 from sparkserve import __version__
-from sparkserve.knobs import LAUNCHERS
+from sparkserve.knobs.registry import LAUNCHERS
 from sparkserve.patching import ALL_PATCHES
 
 REPO = Path(__file__).resolve().parents[2]
 
 # The sub-commands that live in a module of their own (see the module docstring), each with
-# its module; tests/test_command_line.py checks each module registers exactly its name.
+# its module; tests/cli/test_command_line.py checks each module registers exactly its name.
 COMMAND_MODULES: dict[str, str] = {
     "stress": "sparkserve.stress.cli",
     "bench": "sparkserve.bench.cli",
-    "plan": "sparkserve.plan_cli",
-    "guard": "sparkserve.guard",
-    "doctor": "sparkserve.doctor",
-    "fetch": "sparkserve.fetch",
-    "recipes": "sparkserve.recipes_cli",
-    "dashboard": "sparkserve.dashboard",
+    "llama-benchy": "sparkserve.bench.benchy.cli",
+    "plan": "sparkserve.plan.cli",
+    "guard": "sparkserve.guard.monitor",
+    "doctor": "sparkserve.doctor.cli",
+    "fetch": "sparkserve.fetch.cli",
+    "recipes": "sparkserve.plan.recipes_cli",
+    "dashboard": "sparkserve.monitoring.dashboard",
     "cluster": "sparkserve.cluster.cli",
     "tune": "sparkserve.tune.cli",
     "selftest": "sparkserve.selftest.run",
@@ -47,18 +48,18 @@ def _run_patch(args: argparse.Namespace) -> int:
 
 def _run_knobs(args: argparse.Namespace) -> int:
     if args.knobs_command in ("resolve", "command"):
-        from sparkserve.launcher_exports import main_command, main_resolve
+        from sparkserve.launch.launcher_exports import main_command, main_resolve
 
         if args.knobs_command == "resolve":
             return main_resolve(args.launcher, os.environ, args.prog)
         return main_command(args.launcher, os.environ, args.prog, args.pid)
-    from sparkserve.knob_docs import sync
+    from sparkserve.knobs.docs import sync
 
     return _report_drift(sync(args.repo, check=args.check), args.check)
 
 
 def _run_docs(args: argparse.Namespace) -> int:
-    from sparkserve import data_tables
+    from sparkserve.docsync import data_tables
 
     return _report_drift(data_tables.sync(args.repo, check=args.check), args.check)
 

@@ -15,7 +15,7 @@ import sys
 from collections.abc import Callable
 from typing import NoReturn
 
-from sparkserve.knobs import bound_text
+from sparkserve.knobs.registry import bound_text
 
 # One meaning per exit code, for every sub-command.
 EXIT_OK = 0

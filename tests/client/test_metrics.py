@@ -61,7 +61,7 @@ def test_acceptance_from_counter_deltas() -> None:
     assert acc["acceptance_per_position_of"] == "all drafts"
 
 
-# sparkserve.spec_metrics's counter: of the 20 drafts in the window, 20 had a token at
+# sparkserve.in_vllm.spec_metrics's counter: of the 20 drafts in the window, 20 had a token at
 # position 0, 12 at position 1 and none at position 10
 REACHED_BEFORE = """
 sparkserve_spec_decode_num_drafts_per_pos_total{engine="0",model_name="m",position="0"} 10.0

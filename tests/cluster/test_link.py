@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from sparkserve.cluster.link import cluster_exports
-from sparkserve.shell import read_records
+from sparkserve.launch.shell import read_records
 from support import netns
 
 SRC = Path(__file__).resolve().parents[2] / "src"

@@ -31,7 +31,7 @@ from support.vllm_server import LOOPBACK, free_port
 from support.watches import wait_joined as joined
 from support.watches import watch_argv
 
-PEER_TIMEOUT_S = 2.0  # CLUSTER_PEER_TIMEOUT_S's minimum (knobs.py): silence is found fast
+PEER_TIMEOUT_S = 2.0  # CLUSTER_PEER_TIMEOUT_S's minimum (knobs/registry.py): silence is found fast
 # The default, for the pair whose health is checked: `cluster health` reads a state file
 # written once a beat, so a beat it reports can be two beats old (too close to 2 s).
 DEFAULT_PEER_TIMEOUT_S = 5.0

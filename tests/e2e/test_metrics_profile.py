@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 from test_image_and_compose import compose_config
 
-from sparkserve.dashboard import OUTPUT, PANELS, RATE, sync
-from sparkserve.versions import read_versions
+from sparkserve.launch.versions import read_versions
+from sparkserve.monitoring.dashboard import OUTPUT, PANELS, RATE, sync
 from support.prometheus import (
     ALERTS,
     METRIC_NAME,
@@ -31,7 +31,7 @@ from support.vllm_server import LOOPBACK, VllmServer, free_port
 
 REPO = Path(__file__).resolve().parents[2]
 DASHBOARD = REPO / OUTPUT
-RULE_TESTS = REPO / "tests" / "metrics" / "alerts_test.yml"
+RULE_TESTS = REPO / "tests" / "monitoring" / "alerts_test.yml"
 METRICS_SERVICES = {"prometheus", "node-exporter", "grafana"}
 HOST_PATHS = {"node-exporter": ("/proc", "/sys")}  # the only host folders a service mounts
 

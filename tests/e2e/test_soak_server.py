@@ -9,8 +9,8 @@ from __future__ import annotations
 import pytest
 
 from sparkserve.client.server import Server
-from sparkserve.guard import marker_path
-from sparkserve.settings import tool_settings
+from sparkserve.guard.monitor import marker_path
+from sparkserve.launch.settings import tool_settings
 from support.cpu_launch import MODEL_NAME
 from support.soak import SoakPlan, guard_state, run_soak, summary
 from support.vllm_server import VllmServer

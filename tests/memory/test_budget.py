@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import pytest
 
-from sparkserve.knobs import KnobError
-from sparkserve.launcher_exports import resolve_exports
+from sparkserve.knobs.registry import KnobError
+from sparkserve.launch.launcher_exports import resolve_exports
+from sparkserve.launch.settings import resolve_settings
 from sparkserve.memory.budget import budget_problem, largest_gpu_mem, leaves_reserve
 from sparkserve.memory.host import GIB
-from sparkserve.settings import resolve_settings
 
 # (total GiB, OS_RESERVE_GB): a Spark, a round machine where the boundary is a hundredth
 # exactly, this 24 GiB test machine, and a reserve no GPU_MEM in range keeps.
@@ -55,7 +55,7 @@ def test_the_launcher_refuses_exactly_above_the_largest(total_gib: float, reserv
 
 
 def test_doctor_uses_the_same_rule(monkeypatch: pytest.MonkeyPatch) -> None:
-    from sparkserve import doctor
+    from sparkserve.doctor import cli as doctor
     from sparkserve.memory.host import MemInfo
 
     total = 100 * GIB  # a stand-in machine: the boundary at 0.82 is exact

@@ -66,7 +66,7 @@ def test_the_guard_stops_a_process_that_fills_its_cgroup_on_a_roomy_host(tmp_pat
         watched = subprocess.Popen([sys.executable, "-c", hog], preexec_fn=cgroup.preexec)
         try:
             guard = subprocess.run(
-                [sys.executable, "-m", "sparkserve.guard", "--pid", str(watched.pid),
+                [sys.executable, "-m", "sparkserve.guard.monitor", "--pid", str(watched.pid),
                  "--floor-gb", "0.5", "--swap-mb-s", "0", "--psi-full-pct", "0",
                  "--grace-s", "2", "--textfile-dir", str(tmp_path)],
                 capture_output=True, text=True, timeout=60, preexec_fn=cgroup.preexec,

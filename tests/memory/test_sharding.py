@@ -3,7 +3,7 @@ by vLLM's own rules (imported from vLLM on its CPU platform): the tp and pp spli
 embedding and lm-head rows, the parts every tp rank holds in full, each node's bytes of a
 checkpoint or of a decoded token's reads, and the drafter's share.
 
-tests/test_plan_pair.py checks these figures against the parameters vLLM's model class creates
+tests/plan/test_plan_pair.py checks these figures against the parameters vLLM's model class creates
 on two real ranks for the 122B geometry (support/geometry.py); here the rules themselves, on
 that geometry and on small variations of it.
 """

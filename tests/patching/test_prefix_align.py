@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from sparkserve.launch.versions import read_versions
 from sparkserve.patching import PREFIX_ALIGN
-from sparkserve.versions import read_versions
 from support import vllm_release
 
 REPO = Path(__file__).resolve().parents[2]

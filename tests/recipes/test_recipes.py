@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from test_launchers import CHECKER, dry_run_argv, launcher_env, run_launcher, sentinel_bin
 
-from sparkserve.knobs import BY_NAME
+from sparkserve.knobs.registry import BY_NAME
 from sparkserve.recipes import parse
 from support.cpu_launch import LAUNCHERS
 from support.geometry import write_word_tokenizer

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from sparkserve.guard import Trip, write_marker
+from sparkserve.guard.monitor import Trip, write_marker
 from sparkserve.stress.cli import guard_stop
 from sparkserve.stress.sampler import Sample
 from sparkserve.stress.verdict import GuardStop, judge
@@ -51,7 +51,7 @@ def test_verdict_names_a_guard_stop(tmp_path: Path) -> None:
         "FAIL: the memory guard stopped vLLM at t=0.2 s (during c=1): PSI at 55 %; "
         "lowest MemAvailable 20.00 GiB"
     )
-    # The guard's own record, as guard.py writes it, placed on the run's clock.
+    # The guard's own record, as guard/monitor.py writes it, placed on the run's clock.
     record = tmp_path / "hf" / "sparkserve" / "guard-stopped.json"
     write_marker(record, Trip("MemAvailable 1.00 GiB fell below", 1.0, 2.0, 0.0, 0.0, 1000.5), 7)
     assert guard_stop(None, {"HF_HOME": str(tmp_path / "hf")}, 990.0) == GuardStop(

@@ -7,8 +7,8 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from sparkserve import guard_keeper
 from sparkserve.cluster import wire
+from sparkserve.guard import keeper as guard_keeper
 
 REPO = Path(__file__).resolve().parents[2]
 

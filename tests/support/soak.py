@@ -32,11 +32,11 @@ import psutil
 from sparkserve.bench import prompts
 from sparkserve.client import metrics
 from sparkserve.client.server import Server, StreamResult
-from sparkserve.guard import metrics_dir
-from sparkserve.guard_textfile import FILE_NAME
+from sparkserve.guard.monitor import metrics_dir
+from sparkserve.guard.textfile import FILE_NAME
 
 # the guard and its keeper, counted apart from vLLM
-GUARD_MODULES = ("sparkserve.guard", "sparkserve.guard_keeper")
+GUARD_MODULES = ("sparkserve.guard.monitor", "sparkserve.guard.keeper")
 API_SERVER_WORD = "serve"  # the launcher's child `vllm serve ...`: vLLM's API server
 MIB = 1024 * 1024
 

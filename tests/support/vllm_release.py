@@ -1,16 +1,16 @@
 """The vLLM release the version-sensitive tests (marker `release`) run against.
 
 The suite runs on the pinned release (versions.env VLLM_VERSION, the test venv's). Then
-tests/test_next_release.py runs the `release` tests again on the next one (VLLM_NEXT_VERSION)
-from its Python sources: it names them in SOURCE_ENV and puts them first on PYTHONPATH, and
-every process those tests start keeps them there (`pythonpath`)."""
+tests/releases/test_next_release.py runs the `release` tests again on the next one
+(VLLM_NEXT_VERSION) from its Python sources: it names them in SOURCE_ENV and puts them first on
+PYTHONPATH, and every process those tests start keeps them there (`pythonpath`)."""
 
 from __future__ import annotations
 
 import os
 from pathlib import Path
 
-from sparkserve.versions import read_versions
+from sparkserve.launch.versions import read_versions
 
 REPO = Path(__file__).resolve().parents[2]
 PINS = read_versions(REPO / "versions.env")

@@ -10,9 +10,10 @@ from pathlib import Path
 import pytest
 
 from sparkserve.command_line import UsageError
+from sparkserve.launch.settings import resolve_settings
+from sparkserve.launch.vllm_command import speculative_config
 from sparkserve.memory.budget import largest_gpu_mem
 from sparkserve.memory.host import GIB
-from sparkserve.settings import resolve_settings
 from sparkserve.tune.candidates import (
     default_memory_values,
     memory_candidates,
@@ -21,7 +22,6 @@ from sparkserve.tune.candidates import (
 )
 from sparkserve.tune.cli import write_env
 from sparkserve.tune.workload import file_prompts
-from sparkserve.vllm_command import speculative_config
 
 SPARK = 128 * GIB  # about a Spark's unified memory (the plan's figure is 121.7 GiB)
 

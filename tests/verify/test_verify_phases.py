@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-
 import pytest
 
-from sparkserve.settings import resolve_settings
+from sparkserve.launch.settings import resolve_settings
+from sparkserve.tune.restarts import Restarter
 from sparkserve.verify import phases
-from sparkserve.verify.phases import Phase, Restarter, Uses
+from sparkserve.verify.phases import TOUCHED, Phase, Uses
+from support.recording_driver import Recording
 
 ALL = set(phases.CHECKS)
 
@@ -46,29 +46,11 @@ def test_without_speculation_the_head_is_scored_on_the_starting_setting() -> Non
     assert plan[-1].name == "plain int8" and plan[-1].changes == {}
 
 
-class Recording:
-    """A driver that records restarts (the real ones are tested in tests/e2e)."""
-
-    def __init__(self, knobs: dict[str, str]) -> None:
-        self._knobs = knobs
-        self.restarts: list[dict[str, str | None]] = []
-
-    def knobs(self) -> dict[str, str]:
-        return dict(self._knobs)
-
-    def restart(self, changes: Mapping[str, str | None], timeout_s: float) -> float:
-        self.restarts.append(dict(changes))
-        return 1.0
-
-    def guard_stop(self, hf_home: str, since_epoch: float) -> str | None:
-        return None
-
-
 def test_each_restart_names_all_three_knobs_and_the_end_is_the_start() -> None:
     driver = Recording({"NUM_SPEC_TOKENS": "4", "OTHER": "x"})
-    restarter = Restarter.of(driver, 60, lambda _: None)
+    restarter = Restarter.of(driver, TOUCHED, 60, lambda _: None, "verify")
     for phase in phases.plan(Uses(True, True, True), ALL):
-        restarter.serve(phase)
+        restarter.serve(phase.changes, phase.why)
     restarter.restore()
     start = {"PREFIX_CACHE": None, "NUM_SPEC_TOKENS": "4", "SPARK_KEEP_BF16_LMHEAD": None}
     assert driver.restarts == [

@@ -105,6 +105,17 @@ def markdown(result: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def tokens_per_s_axes(ax: Any, title: str, xlabel: str, legend: bool) -> None:
+    """A tokens/s panel: titled, from 0, gridded, with its lines' legend when it has lines."""
+    ax.set_title(title)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel("tokens/s")
+    ax.grid(alpha=0.3)
+    ax.set_ylim(bottom=0)
+    if legend:
+        ax.legend(fontsize=8)
+
+
 def plot(result: dict[str, Any], out: Path) -> Path:
     import matplotlib
 
@@ -130,13 +141,8 @@ def plot(result: dict[str, Any], out: Path) -> Path:
         stream_ax.plot(levels, [r["per_stream_tok_s"] or 0 for r in rows], "o-", label=kind)
         agg_ax.plot(levels, [r["aggregate_tok_s"] or 0 for r in rows], "o-", label=kind)
     for ax, what in ((stream_ax, "decode tok/s per stream"), (agg_ax, "aggregate decode tok/s")):
-        ax.set_title(what)
-        ax.set_xlabel("concurrent requests")
-        ax.set_ylabel("tokens/s")
-        ax.grid(alpha=0.3)
-        ax.set_ylim(bottom=0)
+        tokens_per_s_axes(ax, what, "concurrent requests", legend=bool(kinds))
         if kinds:
-            ax.legend(fontsize=8)
             levels = sorted({r["concurrency"] for r in result["decode"]})
             ax.set_xticks(levels)
     by_kind = result.get("acceptance_by_kind") or {}

@@ -15,7 +15,8 @@ DRAFTS = "vllm:spec_decode_num_drafts_total"
 DRAFT_TOKENS = "vllm:spec_decode_num_draft_tokens_total"
 ACCEPTED = "vllm:spec_decode_num_accepted_tokens_total"
 ACCEPTED_PER_POS = "vllm:spec_decode_num_accepted_tokens_per_pos_total"
-# drafts that had a token at each position (sparkserve.spec_metrics, sparkserve's vLLM plugin)
+# drafts that had a token at each position (sparkserve.in_vllm.spec_metrics, sparkserve's vLLM
+# plugin)
 DRAFTS_PER_POS = "sparkserve_spec_decode_num_drafts_per_pos_total"
 PREFIX_QUERIES = "vllm:prefix_cache_queries_total"
 PREFIX_HITS = "vllm:prefix_cache_hits_total"

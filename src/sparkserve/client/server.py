@@ -119,6 +119,13 @@ class Server:
             return json.loads(raw)
         return raw
 
+    def vllm_version(self) -> str:
+        """The release the server runs, as its /version says; "unknown" when it does not say."""
+        try:
+            return str(self.request("/version")["version"])
+        except (ServerError, KeyError, TypeError):
+            return "unknown"
+
     def metrics(self) -> metrics.Snapshot:
         return metrics.parse(str(self.request("/metrics")))
 

@@ -18,9 +18,9 @@ from typing import Any
 from sparkserve import command_line as cl
 from sparkserve.client.server import PreflightError, Server, ServerInfo
 from sparkserve.command_line import UsageError
-from sparkserve.dotenv import DotenvError, with_dotenv
-from sparkserve.knobs import KnobError
-from sparkserve.settings import tool_settings
+from sparkserve.knobs.registry import KnobError
+from sparkserve.launch.dotenv import DotenvError, with_dotenv
+from sparkserve.launch.settings import tool_settings
 
 
 class RunAborted(RuntimeError):

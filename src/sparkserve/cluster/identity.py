@@ -13,7 +13,7 @@ import platform
 from collections.abc import Mapping
 from pathlib import Path
 
-from sparkserve.knobs import IMAGE_ENV
+from sparkserve.knobs.registry import IMAGE_ENV
 from sparkserve.patching.engine import PatchError
 from sparkserve.patching.vllm_install import locate
 

@@ -14,7 +14,7 @@ from collections.abc import Mapping
 import psutil
 
 from sparkserve.cluster.addresses import AddressError, interface_problem, link_address
-from sparkserve.knobs import KnobError
+from sparkserve.knobs.registry import KnobError
 
 
 def host_ip(values: Mapping[str, str]) -> str:

@@ -19,8 +19,8 @@ from typing import Any
 
 import psutil
 
-from sparkserve.check_row import Check, Status
 from sparkserve.cluster.addresses import AddressError, interface_problem, link_address
+from sparkserve.cluster.check_row import Check, Status
 
 SPARK_LINK_MBPS = 200_000
 JUMBO_MTU = 9000

@@ -35,8 +35,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from sparkserve.check_row import Check
 from sparkserve.cluster import wire
+from sparkserve.cluster.check_row import Check
 from sparkserve.cluster.identity import differences
 
 PORTS_NEEDED = (

@@ -51,7 +51,7 @@ from sparkserve.command_line import (
     sigterm_when_parent_dies,
     standalone,
 )
-from sparkserve.stopping import Tree, stop
+from sparkserve.guard.stopping import Tree, stop
 
 PROG = "sparkserve cluster watch"
 STATE_NAME = "cluster-watch.json"

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 
-from sparkserve.knobs import BY_NAME
+from sparkserve.knobs.registry import BY_NAME
 from sparkserve.memory.host import GIB
 
 STEP = 0.01  # GPU_MEM is offered in hundredths

@@ -1,7 +1,7 @@
 """What each node of a pair holds of a checkpoint, by vLLM's own sharding rules.
 
 From config.json alone (no weights). The rules, as vLLM's model classes build the layers
-(Qwen3.5 / Qwen3-Next: `qwen3_next.py`, `qwen3_5.py`; tests/test_plan_pair.py checks them
+(Qwen3.5 / Qwen3-Next: `qwen3_next.py`, `qwen3_5.py`; tests/plan/test_plan_pair.py checks them
 against the parameters vLLM itself creates on each rank):
 
 - tensor parallel (tp): every projection, expert and convolution is split in equal halves.

@@ -3,7 +3,7 @@
 A recipe is `recipes/NAME.toml` plus the model's config.json (geometry only, no weights) in
 `recipes/NAME/config.json` and, for a DFlash drafter, `recipes/NAME/drafter/config.json`; the
 checks (vLLM's parser and engine config, `sparkserve plan`) run on those files offline. The
-RECIPE knob picks one; sparkserve.settings puts its values above the defaults and below what
+RECIPE knob picks one; sparkserve.launch.settings puts its values above the defaults and below what
 the user set. A recipe the user picked is refused before start when its weights leave no KV
 memory in GPU_MEM of this machine (unless the user set MODEL, or for a dry run).
 
@@ -24,13 +24,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from sparkserve.knobs import BY_NAME, LAUNCHERS, KnobError, Launcher
+from sparkserve.knobs.registry import BY_NAME, LAUNCHERS, KnobError, Launcher
 from sparkserve.memory.budget import DEFAULT_OVERHEAD_GIB, fit_problem
 from sparkserve.memory.host import GIB
 
 CHECKOUT_DIR = Path(__file__).resolve().parents[3] / "recipes"
 IMAGE_DIR = Path("/opt/sparkserve/recipes")  # the Dockerfile copies recipes/ here
 LAUNCHER_SCRIPTS: dict[str, str] = {"dflash": "serve.sh", "mtp": "mtp_serve.sh"}
+# "serve.sh (dflash) or mtp_serve.sh (mtp)": the launchers as an option's help names them
+LAUNCHERS_HELP = " or ".join(f"{script} ({name})" for name, script in LAUNCHER_SCRIPTS.items())
 IMAGE_LAUNCHERS = Path("/opt/sparkserve")  # where the images keep serve.sh and mtp_serve.sh
 
 

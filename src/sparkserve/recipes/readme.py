@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from sparkserve.knob_docs import regenerate
+from sparkserve.knobs.docs import regenerate
 from sparkserve.recipes import LAUNCHER_SCRIPTS, Recipe
 
 TARGET = "README.md"

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from sparkserve.client.server import Server, StreamResult
-from sparkserve.knobs import BY_NAME, STOP_MARGIN_S, Launcher, image_of
+from sparkserve.knobs.registry import BY_NAME, STOP_MARGIN_S, Launcher, image_of
 from sparkserve.recipes import LAUNCHER_SCRIPTS, launcher_dir
 from sparkserve.selftest.checks import Result
 from sparkserve.selftest.models import Models

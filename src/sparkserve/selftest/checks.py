@@ -18,9 +18,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from sparkserve import access
 from sparkserve.client import metrics
 from sparkserve.client.server import Server, ServerError
+from sparkserve.in_vllm import access
 
 PARITY_PROMPTS = ("The cache keeps", "def count(items):\n", "Spark serving: ")
 PARITY_TOKENS = 24
@@ -69,7 +69,7 @@ class Probe:
     cuda: bool  # the server runs on a CUDA GPU (where the int8 head must win)
     # blocks of a cached prefix vLLM recomputes: an EAGLE-style drafter (MTP) needs the target's
     # hidden states of the last matched block, so vLLM drops it from each hit; DFlash does not
-    # (vLLM issue #51250; sparkserve.workarounds turns the drop off before 0.33)
+    # (vLLM issue #51250; sparkserve.launch.workarounds turns the drop off before 0.33)
     kept_back: int = 0
     metrics_open: bool = False  # METRICS_OPEN=1: /metrics needs no key
     server_log: Path | None = None  # what vLLM printed: where its KV cache groups are named
@@ -109,8 +109,8 @@ def status_of(
 
 def check_key(probe: Probe) -> Result:
     """Every route of the server's OpenAPI document (and the document's own pages), asked
-    without the key, gets 401 but the open ones (sparkserve.access); a wrong key gets 401; the
-    key gets a completion."""
+    without the key, gets 401 but the open ones (sparkserve.in_vllm.access); a wrong key gets 401;
+    the key gets a completion."""
     document = probe.server.request("/openapi.json")
     routes = {
         (method.upper(), re.sub(r"\{[^}]*\}", "x", path))  # any value: 401 comes first

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from sparkserve import recipes
-from sparkserve.knobs import BY_NAME
+from sparkserve.knobs.registry import BY_NAME
 from sparkserve.selftest import cases, checks
 from sparkserve.selftest.checks import mark
 from sparkserve.selftest.models import TINY, GeometryError, Models, keep_models, models_home

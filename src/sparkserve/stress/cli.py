@@ -25,8 +25,8 @@ from sparkserve.client import metrics, tool
 from sparkserve.client.server import PreflightError, ServerError
 from sparkserve.client.tool import UsageError, say
 from sparkserve.command_line import EXIT_FAILED, EXIT_OK, NumberOption
-from sparkserve.guard import MARKER_NAME, marker_path
-from sparkserve.settings import tool_settings
+from sparkserve.guard.monitor import MARKER_NAME, marker_path
+from sparkserve.launch.settings import tool_settings
 from sparkserve.stress import pair_memory
 from sparkserve.stress.bank import default_bank, parse_bank, size_phases
 from sparkserve.stress.run import StressRun, kv_probe

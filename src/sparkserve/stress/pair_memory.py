@@ -15,7 +15,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from sparkserve.cluster import wire
-from sparkserve.settings import tool_settings
+from sparkserve.launch.settings import tool_settings
 from sparkserve.stress.verdict import Verdict
 
 HOSTS = {"0": "head", "1": "worker"}

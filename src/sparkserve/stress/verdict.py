@@ -16,7 +16,7 @@ from sparkserve.stress.sampler import Sample
 
 @dataclass(frozen=True)
 class GuardStop:
-    """The memory guard's record of stopping vLLM (guard.py's marker), placed in the run."""
+    """The memory guard's record of stopping vLLM (guard/monitor.py's marker), placed in the run."""
 
     t: float  # seconds since the sampler started
     reason: str

@@ -12,7 +12,7 @@ import math
 from dataclasses import dataclass
 
 from sparkserve.command_line import UsageError
-from sparkserve.knobs import BY_NAME, KnobError
+from sparkserve.knobs.registry import BY_NAME, KnobError
 from sparkserve.memory.budget import DEFAULT_OVERHEAD_GIB, budget_problem, largest_gpu_mem
 from sparkserve.memory.host import GIB
 

@@ -28,12 +28,12 @@ from sparkserve import __version__
 from sparkserve import command_line as cl
 from sparkserve.bench.prompts import KINDS
 from sparkserve.client.tool import say, write_report
-from sparkserve.guard import marker_path
-from sparkserve.knobs import BY_NAME, KnobError
+from sparkserve.guard.monitor import marker_path
+from sparkserve.knobs.registry import BY_NAME, KnobError
+from sparkserve.launch.settings import Settings, check_budget, check_recipe_fits, resolve_settings
 from sparkserve.memory import checkpoint
 from sparkserve.memory.host import GIB, read_meminfo
 from sparkserve.recipes import RecipeError
-from sparkserve.settings import Settings, check_budget, check_recipe_fits, resolve_settings
 from sparkserve.tune import candidates as cand
 from sparkserve.tune import report, workload
 from sparkserve.tune.draft_loop import run_draft_loop
@@ -43,7 +43,7 @@ from sparkserve.tune.driver_options import (
     prepare,
 )
 from sparkserve.tune.memory_loop import run_memory_loop, trials_as_dicts
-from sparkserve.tune.restarts import Restarts, estimate_line, knob_lines
+from sparkserve.tune.restarts import Restarter, estimate_line, knob_lines
 
 PROG = "sparkserve tune"
 
@@ -251,13 +251,14 @@ def _memory(args: argparse.Namespace, env: Mapping[str, str]) -> int:
     )
     startable = sum(1 for c in candidates if c.refused is None)
     say(estimate_line(startable, default_restart, args.stress_s, "a stress run"))
-    restarts = Restarts(driver, knob, start_value, args.healthy_timeout_s, say)
+    restarts = Restarter(driver, {knob: start_value}, args.healthy_timeout_s, say, "tune")
     # The guard's stop record: the stress run judges it only where it is a path of this host
     # (the launcher driver); the driver reads it either way (a container's through Docker).
     record = marker_path(served["HF_HOME"]) if args.driver == "launcher" else None
     out.mkdir(parents=True, exist_ok=True)
     trials, kept = run_memory_loop(
-        restarts, candidates, _stress(args, env, server.url, info.model, reserve, record), out,
+        restarts, knob, candidates,
+        _stress(args, env, server.url, info.model, reserve, record), out,
         lambda since: driver.guard_stop(served["HF_HOME"], since), args.stress_s,
         default_restart, say,
     )  # fmt: skip
@@ -268,7 +269,7 @@ def _memory(args: argparse.Namespace, env: Mapping[str, str]) -> int:
         "kept": kept, "os_reserve_gib": reserve, "mem_total_gib": total / GIB,
         "weights_gib": weights / GIB, "restart_s": restarts.took_s,
         "candidates": trials_as_dicts(trials),
-        "running": restarts.running,
+        "running": restarts.running(knob),
         "files": {"json": "tune-memory.json", "png": "tune-memory.png"},
     }  # fmt: skip
     write_report(out, "tune-memory", result, report.plot_memory, "tune")
@@ -328,7 +329,9 @@ def _draft(args: argparse.Namespace, env: Mapping[str, str]) -> int:
         estimate_line(len(startable), default_restart, measure_s, "the workload")
         + f" ({restarts_needed} restart(s) at most, and one to the fastest)"
     )
-    restarts = Restarts(driver, "NUM_SPEC_TOKENS", start_value, args.healthy_timeout_s, say)
+    restarts = Restarter(
+        driver, {"NUM_SPEC_TOKENS": start_value}, args.healthy_timeout_s, say, "tune"
+    )
 
     def measure() -> dict[str, Any]:
         return workload.measure(server, info.model, prompts, args.gen_tokens, args.api, say)
@@ -343,7 +346,7 @@ def _draft(args: argparse.Namespace, env: Mapping[str, str]) -> int:
         "start_value": start_value, "recommended": best, "api": args.api,
         "gen_tokens": args.gen_tokens,
         "workload": [p.source for p in prompts], "restart_s": restarts.took_s,
-        "lengths": rows, "running": restarts.running,
+        "lengths": rows, "running": restarts.running("NUM_SPEC_TOKENS"),
         "files": {"json": "tune-draft.json", "png": "tune-draft.png"},
     }  # fmt: skip
     write_report(out, "tune-draft", result, report.plot_draft, "tune")

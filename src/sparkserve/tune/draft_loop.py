@@ -8,11 +8,13 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from sparkserve.tune.restarts import Restarts, progress_line
+from sparkserve.tune.restarts import Restarter, progress_line
+
+KNOB = "NUM_SPEC_TOKENS"  # the knob this loop changes
 
 
 def run_draft_loop(
-    restarts: Restarts,
+    restarts: Restarter,
     lengths: Sequence[int],
     refused: dict[int, str],
     measure: Callable[[], dict[str, Any]],
@@ -24,7 +26,7 @@ def run_draft_loop(
     rows: list[dict[str, Any]] = []
     started = time.monotonic()
     # The running length first: it needs no restart.
-    order = sorted(lengths, key=lambda n: str(n) != restarts.running)
+    order = sorted(lengths, key=lambda n: str(n) != restarts.running(KNOB))
     try:
         for index, length in enumerate(order, 1):
             label = f"[tune] {index}/{len(order)} NUM_SPEC_TOKENS={length}"
@@ -32,7 +34,7 @@ def run_draft_loop(
                 say(f"{label}: not started: {refused[length]}")
                 rows.append({"length": length, "refused": refused[length], "tok_s": None})
                 continue
-            took = restarts.serve(str(length), f"candidate {index} of {len(order)}")
+            took = restarts.serve({KNOB: str(length)}, f"candidate {index} of {len(order)}")
             say(f"{label}: measuring")
             row = {"length": length, "refused": None, "restart_s": took, **measure()}
             rows.append(row)
@@ -48,7 +50,7 @@ def run_draft_loop(
         measured = [r for r in rows if r.get("tok_s")]
         best = max(measured, key=lambda r: r["tok_s"])["length"] if measured else None
         if best is not None:
-            restarts.serve(str(best), "the fastest")
+            restarts.serve({KNOB: str(best)}, "the fastest")
     except BaseException:
         restarts.restore()
         raise

@@ -25,8 +25,8 @@ from pathlib import Path
 from typing import Protocol
 
 from sparkserve.command_line import UsageError
-from sparkserve.guard import marker_path
-from sparkserve.knobs import stop_grace_s
+from sparkserve.guard.monitor import marker_path
+from sparkserve.knobs.registry import stop_grace_s
 
 LAUNCHER_MARK = "SPARK_LMHEAD_CALIBRATE"  # in the environment of every launcher-started vLLM
 IMAGE_MARK = "SPARKSERVE_IMAGE"  # in the environment of every sparkserve container

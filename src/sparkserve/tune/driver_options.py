@@ -15,10 +15,10 @@ from sparkserve import command_line as cl
 from sparkserve import recipes
 from sparkserve.client.server import Server, ServerInfo
 from sparkserve.client.tool import BEFORE_LOAD_ERRORS, RunAborted, output_folder, say
-from sparkserve.dotenv import with_dotenv
-from sparkserve.knobs import Launcher
+from sparkserve.knobs.registry import Launcher
+from sparkserve.launch.dotenv import with_dotenv
+from sparkserve.launch.settings import Settings, resolve_settings
 from sparkserve.recipes import RecipeError
-from sparkserve.settings import Settings, resolve_settings
 from sparkserve.tune.driver import ComposeDriver, Driver, LauncherDriver, RestartFailed
 from sparkserve.tune.restarts import Interrupted, interruptible
 
@@ -50,9 +50,9 @@ def add_restart_options(parser: argparse.ArgumentParser, prog: str) -> None:
     )
     parser.add_argument(
         "--launcher",
-        choices=("dflash", "mtp"),
+        choices=tuple(recipes.LAUNCHER_SCRIPTS),
         default="dflash",
-        help="launcher: serve.sh (dflash) or mtp_serve.sh (mtp)",
+        help=f"launcher: {recipes.LAUNCHERS_HELP}",
     )
     parser.add_argument(
         "--pid-file", type=Path, help="launcher: a file holding the running server's pid; updated"

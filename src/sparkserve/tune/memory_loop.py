@@ -16,7 +16,7 @@ from typing import Any
 from sparkserve.command_line import EXIT_INTERRUPTED
 from sparkserve.tune.candidates import Candidate
 from sparkserve.tune.driver import RestartFailed
-from sparkserve.tune.restarts import Interrupted, Restarts, progress_line
+from sparkserve.tune.restarts import Interrupted, Restarter, progress_line
 
 
 @dataclass
@@ -46,7 +46,8 @@ def _trial_from_stress(value: str, took: float, out: Path, code: int) -> Trial:
 
 
 def run_memory_loop(
-    restarts: Restarts,
+    restarts: Restarter,
+    knob: str,
     candidates: Sequence[Candidate],
     stress: Callable[[Path], int],
     out: Path,
@@ -62,14 +63,16 @@ def run_memory_loop(
     kept: str | None = None
     try:
         for index, candidate in enumerate(candidates, 1):
-            label = f"[tune] {index}/{len(candidates)} {restarts.knob}={candidate.value}"
+            label = f"[tune] {index}/{len(candidates)} {knob}={candidate.value}"
             if candidate.refused is not None:
                 say(f"{label}: not started: {candidate.refused}")
                 trials.append(Trial(candidate.value, "REFUSED", candidate.refused))
                 continue
             since = time.time()
             try:
-                took = restarts.serve(candidate.value, f"candidate {index} of {len(candidates)}")
+                took = restarts.serve(
+                    {knob: candidate.value}, f"candidate {index} of {len(candidates)}"
+                )
             except RestartFailed as exc:
                 stopped = guard_stop(since)
                 line = str(exc) if stopped is None else f"the memory guard stopped it: {stopped}"
@@ -78,7 +81,7 @@ def run_memory_loop(
                 estimate = restarts.restart_estimate_s(default_restart_s)
                 say(progress_line(index, len(candidates), started, estimate, measure_s))
                 continue
-            folder = out / f"stress-{restarts.knob}-{candidate.value}"
+            folder = out / f"stress-{knob}-{candidate.value}"
             code = stress(folder)
             if code == EXIT_INTERRUPTED:
                 raise Interrupted("SIGINT")

@@ -1,13 +1,14 @@
-"""What both loops share: the knob the server runs with now, a restart per candidate with the
-time it took, an estimate of the whole run before it starts, and the promise that an
-interrupted run (SIGINT or SIGTERM) puts the starting setting back before it exits."""
+"""What tune's loops and verify share: the setting the server runs with now, a restart per
+candidate or reference with the time it took, an estimate of the whole run before it starts,
+and the promise that an interrupted run (SIGINT or SIGTERM) puts the starting setting back
+before it exits."""
 
 from __future__ import annotations
 
 import signal
 import statistics
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from types import FrameType
@@ -20,45 +21,74 @@ class Interrupted(Exception):
 
 
 @dataclass
-class Restarts:
-    """The server's setting of `knob` as the tune changes it. `running` is the value it runs
-    with, None while a restart is under way (then only a restart to a known value is safe)."""
+class Restarter:
+    """The server's setting as a tool (tune, verify) changes it. `start` is what it ran with
+    when the tool began (None: a knob unset then, and unset again at the end); `current` is
+    what it runs with now, None while a restart is under way (then only a restart to a known
+    setting is safe). Every restart names every knob of `start`: a launcher driver keeps what
+    a restart gave it. `restore` puts the starting setting back, whatever signals arrive."""
 
     driver: Driver
-    knob: str
-    start_value: str
+    start: dict[str, str | None]
     healthy_timeout_s: float
     say: Callable[[str], None]
-    running: str | None = None
+    tag: str  # the tool's name, the lines' prefix
+    current: dict[str, str | None] | None = None
     took_s: list[float] = field(default_factory=list)
 
     def __post_init__(self) -> None:
-        self.running = self.start_value
+        self.current = dict(self.start)
 
-    def serve(self, value: str, why: str) -> float:
-        """Restart with `value` unless the server runs with it already; seconds it took."""
-        if value == self.running:
+    @classmethod
+    def of(
+        cls,
+        driver: Driver,
+        knobs: Iterable[str],
+        healthy_timeout_s: float,
+        say: Callable[[str], None],
+        tag: str,
+    ) -> Restarter:
+        """Starting from the values the driver reports for `knobs` now."""
+        running = driver.knobs()
+        return cls(driver, {k: running.get(k) for k in knobs}, healthy_timeout_s, say, tag)
+
+    def running(self, knob: str) -> str | None:
+        """The value `knob` runs with now; None while a restart is under way, or unset."""
+        return None if self.current is None else self.current.get(knob)
+
+    def serve(self, changes: Mapping[str, str | None], why: str) -> float:
+        """Restart with `changes` over the starting setting, unless the server runs with that
+        already; the seconds it took."""
+        wanted = {**self.start, **changes}
+        if wanted == self.current:
             return 0.0
-        self.say(f"[tune] restarting with {self.knob}={value} ({why})")
-        self.running = None
-        took = self.driver.restart({self.knob: value}, self.healthy_timeout_s)
-        self.running = value
+        shown = show(changes)
+        self.say(f"[{self.tag}] restarting with {shown} ({why})")
+        self.current = None
+        took = self.driver.restart(wanted, self.healthy_timeout_s)
+        self.current = wanted
         self.took_s.append(took)
-        self.say(f"[tune] healthy with {self.knob}={value} after {took:.1f} s")
+        self.say(f"[{self.tag}] healthy with {shown} after {took:.1f} s")
         return took
 
     def restore(self) -> None:
         """Back to the starting setting, whatever signals arrive meanwhile."""
         with ignoring_signals():
-            if self.running != self.start_value:
-                self.say(f"[tune] restoring the starting setting {self.knob}={self.start_value}")
-                self.running = None
-                self.driver.restart({self.knob: self.start_value}, self.healthy_timeout_s)
-                self.running = self.start_value
-                self.say(f"[tune] the server runs with {self.knob}={self.start_value} again")
+            if self.current != self.start:
+                shown = show(self.start)
+                self.say(f"[{self.tag}] restoring the starting setting {shown}")
+                self.current = None
+                self.driver.restart(self.start, self.healthy_timeout_s)
+                self.current = dict(self.start)
+                self.say(f"[{self.tag}] the server runs with {shown} again")
 
     def restart_estimate_s(self, default_s: float) -> float:
         return statistics.fmean(self.took_s) if self.took_s else default_s
+
+
+def show(changes: Mapping[str, str | None]) -> str:
+    """KNOB=value ..., `KNOB unset` for a knob the server runs without."""
+    return " ".join(f"{k}={v}" if v is not None else f"{k} unset" for k, v in changes.items())
 
 
 def estimate_line(count: int, restart_s: float, measure_s: float, what: str) -> str:

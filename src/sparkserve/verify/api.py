@@ -8,9 +8,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from sparkserve.launch.settings import Settings
 from sparkserve.selftest import checks
 from sparkserve.selftest.checks import Probe, Result
-from sparkserve.settings import Settings
 
 
 def probe_for(server: Any, model: str, settings: Settings, out: Path) -> Probe:

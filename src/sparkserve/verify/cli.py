@@ -32,7 +32,7 @@ from sparkserve.tune.driver_options import (
     guarded,
     prepare,
 )
-from sparkserve.tune.restarts import Interrupted
+from sparkserve.tune.restarts import Interrupted, Restarter
 from sparkserve.verify import api, collect, compare, phases, report
 from sparkserve.verify.prompts import VERSION
 
@@ -174,13 +174,13 @@ def _verify(args: argparse.Namespace, env: Mapping[str, str]) -> int:
         f"{phases.restarts_line(plan)}; prompt set {VERSION}")  # fmt: skip
     prompts = collect.render(server, info.model, max_len, args.gen_tokens)
     started_at = dt.datetime.now(dt.UTC)
-    restarter = phases.Restarter.of(driver, args.healthy_timeout_s, say)
+    restarter = Restarter.of(driver, phases.TOUCHED, args.healthy_timeout_s, say, "verify")
     got = Collected()
     results: list[tuple[str, Result]] = []
     status = cl.EXIT_OK
     try:
         for phase in plan:
-            restarter.serve(phase)
+            restarter.serve(phase.changes, f"{phase.name}: {phase.why}")
             if phase.name == phases.SERVED and "api" in checks:
                 probe = api.probe_for(server, info.model, served, out)
                 steps = api.steps(probe, served, max_len)
@@ -200,7 +200,7 @@ def _verify(args: argparse.Namespace, env: Mapping[str, str]) -> int:
         "tool": PROG, "version": __version__, "prompt_set": VERSION,
         "started_at": started_at.isoformat(timespec="seconds"), "url": server.url,
         "model": info.model, "driver": args.driver, "launcher": served.launcher,
-        "image": served.image, "recipe": served["RECIPE"], "vllm": _vllm_version(server),
+        "image": served.image, "recipe": served["RECIPE"], "vllm": server.vllm_version(),
         "uses": asdict(uses), "settings": [asdict(p) for p in plan],
         "gen_tokens": args.gen_tokens, "head_max_delta": max_delta, "numeric_tie": tie,
         "limits": limits_source, "restart_s": restarter.took_s,
@@ -225,14 +225,6 @@ def _verify(args: argparse.Namespace, env: Mapping[str, str]) -> int:
         return cl.EXIT_FAILED
     print(f"{PROG}: passed ({out}/verify.json)", file=sys.stderr)
     return cl.EXIT_OK
-
-
-def _vllm_version(server: Server) -> str:
-    """The release the server runs, as its /version says."""
-    try:
-        return str(server.request("/version")["version"])
-    except (ServerError, KeyError, TypeError):
-        return "unknown"
 
 
 run = guarded(PROG, "verify", _verify)

@@ -5,12 +5,9 @@ restart gave it), and the run ends on the starting setting, interrupted or not."
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
-from sparkserve.settings import Settings
-from sparkserve.tune.driver import Driver
-from sparkserve.tune.restarts import ignoring_signals
+from sparkserve.launch.settings import Settings
 
 TOUCHED = ("PREFIX_CACHE", "NUM_SPEC_TOKENS", "SPARK_KEEP_BF16_LMHEAD")
 CHECKS = ("api", "prefix", "speculation", "head")
@@ -51,51 +48,6 @@ def plan(uses: Uses, checks: set[str]) -> list[Phase]:
         changes = {"NUM_SPEC_TOKENS": "0"} if uses.speculating else {}
         phases.append(Phase(PLAIN, changes, "the plain model with the int8 head"))
     return phases
-
-
-@dataclass
-class Restarter:
-    """The server's setting as verify changes it; `current` is None while a restart is under
-    way. `restore` puts the starting setting back, whatever signals arrive meanwhile."""
-
-    driver: Driver
-    start: dict[str, str | None]  # None: unset when verify began, and unset again at the end
-    healthy_timeout_s: float
-    say: Callable[[str], None]
-    current: dict[str, str | None] | None = None
-    took_s: list[float] = field(default_factory=list)
-
-    def __post_init__(self) -> None:
-        self.current = dict(self.start)
-
-    @classmethod
-    def of(cls, driver: Driver, healthy_timeout_s: float, say: Callable[[str], None]) -> Restarter:
-        knobs = driver.knobs()
-        return cls(driver, {k: knobs.get(k) for k in TOUCHED}, healthy_timeout_s, say)
-
-    def serve(self, phase: Phase) -> None:
-        wanted: dict[str, str | None] = {**self.start, **phase.changes}
-        if wanted == self.current:
-            return
-        self.say(f"[verify] restarting for '{phase.name}' ({phase.why}): {_show(phase.changes)}")
-        self.current = None
-        took = self.driver.restart(wanted, self.healthy_timeout_s)
-        self.current = wanted
-        self.took_s.append(took)
-        self.say(f"[verify] healthy after {took:.1f} s")
-
-    def restore(self) -> None:
-        with ignoring_signals():
-            if self.current != self.start:
-                self.say("[verify] restoring the starting setting")
-                self.current = None
-                self.driver.restart(self.start, self.healthy_timeout_s)
-                self.current = dict(self.start)
-                self.say("[verify] the server runs with its starting setting again")
-
-
-def _show(changes: Mapping[str, str]) -> str:
-    return " ".join(f"{k}={v}" for k, v in changes.items()) or "the starting setting"
 
 
 def restarts_line(plan: list[Phase]) -> str:

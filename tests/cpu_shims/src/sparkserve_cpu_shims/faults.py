@@ -73,6 +73,6 @@ def _accept_all(module: ModuleType) -> None:
 def install() -> None:
     faults = chosen()
     if "head-scale-shift" in faults:
-        after_import("sparkserve.lmhead.plugin", _shift_scales)
+        after_import("sparkserve.in_vllm.lmhead.plugin", _shift_scales)
     if "accept-all-drafts" in faults:
         after_import("vllm.v1.sample.rejection_sampler", _accept_all)

@@ -1,0 +1,1 @@
+"""The metrics profile's dashboard, written as code (dashboard: `sparkserve dashboard`)."""

@@ -1,0 +1,104 @@
+"""`sparkserve llama-benchy`'s parts that need no server: the profiles and their refusals,
+the offline corpus, and the join of llama-benchy's rows (a real llama-benchy 0.4.0 result of
+the short profile, data/llama-benchy-short.json) with the tests /metrics was read around.
+The run against a server is tests/e2e/test_container.py's test 5e."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+import pytest
+
+from sparkserve.bench.benchy import corpus
+from sparkserve.bench.benchy.profiles import PROFILES, parse_depths, profile_named
+from sparkserve.bench.benchy.report import join, name_of_test
+from sparkserve.cli import main
+from sparkserve.command_line import UsageError
+
+DATA = Path(__file__).parent / "data"
+
+
+def test_the_arena_profile_sends_spark_arenas_v2_sweep() -> None:
+    arena = PROFILES["arena-v2"]
+    options = arena.llama_benchy_options()
+    assert options[:4] == ["--pp", "2048", "--tg", "128"]
+    depths = options[options.index("--depth") + 1 : options.index("--concurrency")]
+    assert depths[0] == "0" and depths[-1] == "100000"
+    levels = options[options.index("--concurrency") + 1 : options.index("--runs")]
+    assert levels == ["1", "2", "5", "10"]
+    assert "--enable-prefix-caching" in options
+    assert "--skip-coherence" not in options and "--exact-tg" not in options
+    assert arena.tokens_needed() == 100000 + 2048 + 128
+
+
+def test_overrides_replace_only_what_is_given() -> None:
+    short = PROFILES["short"].with_overrides((0,), None, 3)
+    assert (short.depths, short.concurrency, short.runs) == ((0,), (1, 2), 3)
+
+
+@pytest.mark.parametrize("text", ["", "0,,4", "-1", "4096,4096", "1e3", "0 4096"])
+def test_bad_depths_are_refused_in_one_line(text: str) -> None:
+    with pytest.raises(UsageError, match=f"bad --depths {text!r}: must be distinct whole"):
+        parse_depths(text)
+
+
+def test_an_unknown_profile_names_the_ones_there_are() -> None:
+    with pytest.raises(UsageError, match="bad --profile 'arena': must be one of arena-v2, short"):
+        profile_named("arena")
+
+
+def _exit_of(argv: list[str]) -> int | str | None:
+    try:
+        return main(argv)
+    except SystemExit as exc:  # argparse's refusals
+        return exc.code
+
+
+def test_bad_options_exit_2_before_any_request(capsys: pytest.CaptureFixture[str]) -> None:
+    # the URL is a closed port: a refusal must come before anything is sent
+    url = ["--url", "http://127.0.0.1:9"]
+    assert _exit_of(["llama-benchy", *url, "--depths", "4096,4096"]) == 2
+    assert _exit_of(["llama-benchy", *url, "--corpus", "web"]) == 2
+    assert _exit_of(["llama-benchy", *url, "--runs", "0"]) == 2
+    lines = capsys.readouterr().err.splitlines()
+    assert [line.split(":")[0] for line in lines] == ["sparkserve llama-benchy"] * 3, lines
+
+
+def test_the_offline_corpus_is_the_same_text_every_time_and_seeds_llama_benchys_cache(
+    tmp_path: Path,
+) -> None:
+    first = corpus.prepare("offline", tmp_path / "a")
+    second = corpus.prepare("offline", tmp_path / "b")
+    assert first == second and first.url == corpus.OFFLINE_URL
+    seeded = tmp_path / "a" / ".cache" / "llama-benchy"
+    (file,) = seeded.iterdir()
+    assert file.name == hashlib.md5(corpus.OFFLINE_URL.encode()).hexdigest() + ".txt"
+    text = file.read_text()
+    assert len(text) >= corpus.OFFLINE_CHARS
+    assert hashlib.sha256(text.encode()).hexdigest() == first.sha256
+    assert corpus.prepare("book", None).url == corpus.BOOK_URL
+
+
+def _tests() -> list[dict[str, object]]:
+    return [{"pp": 512, "tg": 32, "depth": d, "concurrency": c}
+            for d in (0, 2048) for c in (1, 2)]  # fmt: skip
+
+
+def test_rows_join_their_test_in_llama_benchys_order() -> None:
+    result = json.loads((DATA / "llama-benchy-short.json").read_text())
+    rows = join(result["benchmarks"], _tests())
+    assert [(r["depth"], r["concurrency"], r["is_context_prefill_phase"]) for r in rows] == [
+        (0, 1, False), (0, 2, False), (2048, 1, True), (2048, 1, False),
+        (2048, 2, True), (2048, 2, False)]  # fmt: skip
+    # a run cut short: the rows of the tests that began, no more
+    assert len(join(result["benchmarks"][:3], _tests())) == 3
+    assert name_of_test(_tests()[3]) == "pp512 tg32 @ d2048 (c2)"
+
+
+def test_rows_out_of_llama_benchys_order_are_refused() -> None:
+    result = json.loads((DATA / "llama-benchy-short.json").read_text())
+    swapped = [result["benchmarks"][1], result["benchmarks"][0], *result["benchmarks"][2:]]
+    with pytest.raises(ValueError, match="row 0 has concurrency 2, its test 1"):
+        join(swapped, _tests())

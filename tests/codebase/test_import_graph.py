@@ -1,0 +1,103 @@
+"""The package's import graph, read from the source (every import, at the top or inside a
+function): no module imports itself back through others, and no package does either, so that
+a subpackage never reaches up to a module that depends on it."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+SRC = Path(__file__).resolve().parents[2] / "src"
+PACKAGE = "sparkserve"
+
+
+def module_name(path: Path) -> str:
+    parts = list(path.relative_to(SRC).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def imports_of(path: Path, modules: set[str]) -> set[str]:
+    """The package's modules `path` imports (`from a import b` counts b when b is a module)."""
+    found: set[str] = set()
+    here = module_name(path)
+    package = here if path.name == "__init__.py" else here.rpartition(".")[0]
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found |= {alias.name for alias in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join([*anchor, *([base] if base else [])])
+            named = {f"{base}.{alias.name}" for alias in node.names}
+            found |= named
+            if not named <= modules:  # a name from the module itself, not only its modules
+                found.add(base)
+    return {name for name in found if name in modules and name != here}
+
+
+def graph() -> dict[str, set[str]]:
+    paths = {module_name(p): p for p in (SRC / PACKAGE).rglob("*.py")}
+    modules = set(paths)
+    return {name: imports_of(path, modules) for name, path in paths.items()}
+
+
+def unit(module: str) -> str:
+    """The top-level piece a module belongs to: a root module, or a subpackage."""
+    parts = module.split(".")
+    return ".".join(parts[:2]) if len(parts) > 1 else module
+
+
+def cycle(edges: dict[str, set[str]]) -> list[str] | None:
+    """One cycle of the graph, or None."""
+    state: dict[str, int] = {}
+    stack: list[str] = []
+
+    def visit(node: str) -> list[str] | None:
+        state[node] = 1
+        stack.append(node)
+        for nxt in sorted(edges.get(node, ())):
+            if state.get(nxt) == 1:
+                return [*stack[stack.index(nxt) :], nxt]
+            if nxt not in state and (found := visit(nxt)) is not None:
+                return found
+        stack.pop()
+        state[node] = 2
+        return None
+
+    for node in sorted(edges):
+        if node not in state and (found := visit(node)) is not None:
+            return found
+    return None
+
+
+def test_no_module_imports_itself_back() -> None:
+    edges = graph()
+    assert len(edges) > 50, "the package's modules were found"
+    assert cycle(edges) is None
+
+
+def test_no_package_imports_itself_back() -> None:
+    """Between root modules and subpackages: a package's own `__init__` may import its
+    modules (that edge stays inside the unit)."""
+    units: dict[str, set[str]] = {}
+    for module, targets in graph().items():
+        mine = unit(module)
+        units.setdefault(mine, set()).update(unit(t) for t in targets if unit(t) != mine)
+    assert cycle(units) is None
+
+
+@pytest.mark.parametrize(
+    ("edges", "expected"),
+    [
+        ({"a": {"b"}, "b": {"c"}, "c": set()}, None),
+        ({"a": {"b"}, "b": {"a"}}, ["a", "b", "a"]),
+        ({"a": {"b"}, "b": {"c"}, "c": {"b"}}, ["b", "c", "b"]),
+    ],
+)
+def test_the_cycle_finder_finds_cycles(edges: dict[str, set[str]], expected: list[str]) -> None:
+    assert cycle(edges) == expected

@@ -1,0 +1,138 @@
+"""sparkserve fetch: what it downloads, what it finds in the cache, and its one-line failures,
+with the real huggingface_hub (no Hub here: an unreachable endpoint stands for a network that
+fails, and a test that needs no network proves it by pointing at that endpoint)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from sparkserve.fetch.cli import Record, Wanted, wanted
+from sparkserve.launch.settings import resolve_settings
+
+REPO = Path(__file__).resolve().parents[2]
+UNREACHABLE = "http://127.0.0.1:9"  # the discard port: nothing listens, connections are refused
+
+
+def place(hub: Path, repo_id: str, files: dict[str, str]) -> Path:
+    repo = hub / ("models--" + repo_id.replace("/", "--"))
+    snapshot = repo / "snapshots" / ("a" * 40)
+    snapshot.mkdir(parents=True)
+    for name, text in files.items():
+        (snapshot / name).write_text(text)
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text("a" * 40)
+    return snapshot
+
+
+def fetch(tmp_path: Path, launcher: str = "dflash", **knobs: str) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("HF_", "SPARKSERVE_"))}
+    env.update(
+        PYTHONPATH=str(REPO / "src"),
+        HF_HOME=str(tmp_path / "hf"),
+        HF_ENDPOINT=UNREACHABLE,
+        HF_HUB_ETAG_TIMEOUT="2",
+        HF_HUB_DOWNLOAD_TIMEOUT="2",
+    )
+    env.update(knobs)  # fmt: skip
+    return subprocess.run(
+        [sys.executable, "-m", "sparkserve", "fetch", "--launcher", launcher],
+        capture_output=True, text=True, timeout=120, env=env,
+    )  # fmt: skip
+
+
+def test_wanted_follows_the_launcher_and_the_draft_count() -> None:
+    dflash = resolve_settings({}, "dflash")
+    assert wanted(dflash) == [
+        Wanted("MODEL", dflash["MODEL"]), Wanted("DRAFT_MODEL", dflash["DRAFT_MODEL"])
+    ]  # fmt: skip
+    assert wanted(resolve_settings({"NUM_SPEC_TOKENS": "0"}, "dflash")) == [
+        Wanted("MODEL", dflash["MODEL"])
+    ]
+    assert [w.knob for w in wanted(resolve_settings({}, "mtp"))] == ["MODEL"]
+
+
+def test_local_folders_need_nothing(tmp_path: Path) -> None:
+    target, drafter = tmp_path / "target", tmp_path / "drafter"
+    target.mkdir()
+    drafter.mkdir()
+    done = fetch(tmp_path, MODEL=str(target), DRAFT_MODEL=str(drafter))
+    assert done.returncode == 0, done.stderr
+    assert done.stderr.count("a local folder, nothing to fetch") == 2
+
+
+def test_a_missing_local_folder_is_one_line(tmp_path: Path) -> None:
+    done = fetch(tmp_path, MODEL=str(tmp_path / "nowhere"), NUM_SPEC_TOKENS="0")
+    assert done.returncode == 4
+    assert (
+        done.stderr.strip()
+        == f"sparkserve fetch: MODEL={str(tmp_path / 'nowhere')!r}: no such folder"
+    )
+
+
+def test_offline_finds_the_cache_and_never_calls_the_hub(tmp_path: Path) -> None:
+    place(tmp_path / "hf" / "hub", "org/target", {"config.json": "{}"})
+    place(tmp_path / "hf" / "hub", "org/drafter", {"config.json": "{}"})
+    done = fetch(tmp_path, MODEL="org/target", DRAFT_MODEL="org/drafter", HF_OFFLINE="1")
+    assert done.returncode == 0, done.stderr
+    assert (
+        "MODEL org/target: in the cache" in done.stderr and "offline (HF_OFFLINE=1)" in done.stderr
+    )
+    assert "DRAFT_MODEL org/drafter: in the cache" in done.stderr
+
+
+def test_offline_without_the_files_is_one_line(tmp_path: Path) -> None:
+    done = fetch(tmp_path, MODEL="org/absent", NUM_SPEC_TOKENS="0", HF_OFFLINE="1")
+    assert done.returncode == 4
+    (line,) = done.stderr.strip().splitlines()
+    assert line.startswith("sparkserve fetch: MODEL=org/absent: HF_OFFLINE=1 and it is not in")
+
+
+def test_an_unreachable_hub_is_one_line_and_starts_nothing(tmp_path: Path) -> None:
+    done = fetch(tmp_path, MODEL="org/absent", NUM_SPEC_TOKENS="0")
+    assert done.returncode == 4, done.stderr
+    lines = [line for line in done.stderr.strip().splitlines() if line.startswith("sparkserve")]
+    assert lines == [lines[-1]] and "MODEL=org/absent" in lines[0], done.stderr
+
+
+def test_a_recorded_complete_fetch_needs_no_network(tmp_path: Path) -> None:
+    snapshot = place(tmp_path / "hf" / "hub", "org/target", {"config.json": "{}", "w.bin": "x"})
+    Record(tmp_path / "hf").add("org/target", snapshot)
+    done = fetch(tmp_path, MODEL="org/target", NUM_SPEC_TOKENS="0")  # online, Hub unreachable
+    assert done.returncode == 0, done.stderr
+    assert "complete in the cache" in done.stderr and "nothing to fetch" in done.stderr
+
+    # a file gone since: not complete any more, so it asks the Hub; unreachable, it serves
+    # the cached snapshot as it is and says so, without recording it complete
+    (snapshot / "w.bin").unlink()
+    assert Record(tmp_path / "hf").complete("org/target") is None
+    done = fetch(tmp_path, MODEL="org/target", NUM_SPEC_TOKENS="0")
+    assert done.returncode == 0, done.stderr
+    assert "the Hub is unreachable" in done.stderr and "serving the cached snapshot" in done.stderr
+    assert Record(tmp_path / "hf").complete("org/target") is None
+
+
+def test_a_corrupt_record_is_ignored(tmp_path: Path) -> None:
+    record = tmp_path / "hf" / "sparkserve" / "fetched.json"
+    record.parent.mkdir(parents=True)
+    record.write_text("{not json")
+    assert Record(tmp_path / "hf").complete("org/target") is None
+    record.write_text(json.dumps({"org/target": {"snapshot": 3, "files": "x"}}))
+    assert Record(tmp_path / "hf").complete("org/target") is None
+
+
+@pytest.mark.parametrize(
+    ("knobs", "expected"),
+    [({"HF_OFFLINE": "2"}, "HF_OFFLINE='2': must be 0 or 1"),
+     ({"NUM_SPEC_TOKENS": "x"}, "NUM_SPEC_TOKENS='x': must be an integer")],
+)  # fmt: skip
+def test_bad_knobs_are_one_line(tmp_path: Path, knobs: dict[str, str], expected: str) -> None:
+    done = fetch(tmp_path, **knobs)
+    assert done.returncode == 2
+    (line,) = done.stderr.strip().splitlines()
+    assert line.startswith("sparkserve fetch: ") and expected in line
