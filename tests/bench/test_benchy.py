@@ -13,7 +13,7 @@ import pytest
 
 from sparkserve.bench.benchy import corpus
 from sparkserve.bench.benchy.profiles import PROFILES, parse_depths, profile_named
-from sparkserve.bench.benchy.report import join, name_of_test
+from sparkserve.bench.benchy.report import join, markdown, name_of_test, unmeasured
 from sparkserve.cli import main
 from sparkserve.command_line import UsageError
 
@@ -102,3 +102,23 @@ def test_rows_out_of_llama_benchys_order_are_refused() -> None:
     swapped = [result["benchmarks"][1], result["benchmarks"][0], *result["benchmarks"][2:]]
     with pytest.raises(ValueError, match="row 0 has concurrency 2, its test 1"):
         join(swapped, _tests())
+
+
+def test_a_figure_llama_benchy_left_blank_is_named_with_why() -> None:
+    """A real llama-benchy 0.4.0 result from a loaded CI machine: at c2 both streams reached
+    it in one chunk each, so its tg32 (c2) cell is blank; the report says which and why, and a
+    full result names nothing."""
+    full = json.loads((DATA / "llama-benchy-short.json").read_text())
+    assert unmeasured(join(full["benchmarks"], _tests())) == []
+    loaded = json.loads((DATA / "llama-benchy-short-one-chunk.json").read_text())
+    gaps = unmeasured(join(loaded["benchmarks"], _tests()))
+    assert [(g["test"], g["phase"]) for g in gaps] == [("pp512 tg32 (c2)", "tg")]
+    assert "one streamed chunk" in gaps[0]["why"]
+    document = {
+        "llama_benchy": {"version": "0.4.0"}, "profile": {"name": "short"}, "model": "tiny",
+        "image": "cpu", "vllm": "0.32.0", "corpus": {"url": "sparkserve:prose-v1"},
+        "tests": [], "unmeasured": gaps,
+    }  # fmt: skip
+    text = markdown(document, "| llama-benchy's table |\n")
+    assert f"- pp512 tg32 (c2), tg: {gaps[0]['why']}\n" in text
+    assert "Not measured" not in markdown({**document, "unmeasured": []}, "| table |\n")

@@ -161,6 +161,7 @@ def _run(args: argparse.Namespace, env: Mapping[str, str]) -> int:
     saved = out / "llama-benchy.json"
     result = json.loads(saved.read_text()) if saved.is_file() else None
     tests = [w.summary(info.model) for w in run.windows]
+    rows = report.join(result["benchmarks"], tests) if result else []
     document: dict[str, Any] = {
         "tool": "sparkserve llama-benchy", "version": __version__, "started_at": started,
         "status": outcome.label("DONE"), "error": outcome.error or run.metrics_error,
@@ -173,7 +174,7 @@ def _run(args: argparse.Namespace, env: Mapping[str, str]) -> int:
         "corpus": {"name": text.name, "url": text.url, "sha256": text.sha256},
         "llama_benchy": {"version": version, "argv": options, "result": result},
         "tests": tests,
-        "rows": report.join(result["benchmarks"], tests) if result else [],
+        "rows": rows, "unmeasured": report.unmeasured(rows),
         "files": {"json": "benchy.json", "markdown": "benchy.md", "png": "benchy.png",
                   "llama_benchy": "llama-benchy.json"},
     }  # fmt: skip

@@ -56,6 +56,32 @@ def llama_benchy_table(document: dict[str, Any], out: Path) -> str:
     return out.read_text() + "\n"
 
 
+# why llama-benchy leaves a figure out: it times prompt processing from a request's start to
+# its first token, and decode between a request's first and last streamed token; vLLM merges a
+# stream's pending outputs while its reader lags, so a starved server or client can deliver
+# every token in one chunk, with no time between them to divide by
+NOT_TIMED = {
+    "pp": "llama-benchy timed no prompt processing (no first token after a request's start)",
+    "tg": "llama-benchy timed no decode (each request's tokens reached it in one streamed "
+          "chunk: the server or this client was short of CPU); run it again on a quiet machine",
+}  # fmt: skip
+
+
+def row_name(row: dict[str, Any]) -> str:
+    """A joined row's test, and which of its two sends (the context load, at a depth)."""
+    return name_of_test(row) + (", context load" if row["is_context_prefill_phase"] else "")
+
+
+def unmeasured(rows: list[dict[str, Any]]) -> list[dict[str, str]]:
+    """The figures llama-benchy left empty (its table shows a blank cell), each with why."""
+    return [
+        {"test": row_name(row), "phase": phase, "why": why}
+        for row in rows
+        for phase, why in NOT_TIMED.items()
+        if row[f"{phase}_throughput"] is None
+    ]
+
+
 def _f(value: Any, digits: int = 2) -> str:
     return "n/a" if value is None else f"{value:.{digits}f}"
 
@@ -88,6 +114,9 @@ def markdown(document: dict[str, Any], benchy_table: str) -> str:
         f"{document['profile']['name']}: {document['model']} on {document['image']} image, "
         f"vLLM {document['vllm']}, corpus {document['corpus']['url']}\n\n"
     )
+    gaps = "".join(f"- {u['test']}, {u['phase']}: {u['why']}\n" for u in document["unmeasured"])
+    if gaps:
+        benchy_table += "\nNot measured (a blank cell above):\n" + gaps
     return (
         head + benchy_table + "\nWhat the server's /metrics counted over each test (its "
         "warm-up run included):\n\n" + metrics_table(document["tests"])
