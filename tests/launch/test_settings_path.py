@@ -17,8 +17,6 @@ import json
 from pathlib import Path
 
 import pytest
-from test_image_and_compose import compose_config
-from test_launchers import dry_run_argv, launcher_env
 
 from sparkserve import recipes
 from sparkserve.knobs.registry import BY_NAME, IMAGE_ENV, IMAGES, LAUNCHERS, Image, Knob, Launcher
@@ -26,6 +24,8 @@ from sparkserve.launch.launcher_exports import target_is_hybrid
 from sparkserve.launch.settings import resolve_settings
 from sparkserve.launch.vllm_command import vllm_command
 from sparkserve.memory.host import GIB
+from support.compose_config import compose_config
+from support.launcher_runs import dry_run_argv, launcher_env
 
 REPO = Path(__file__).resolve().parents[2]
 RECIPES = {recipe.name: recipe for recipe in recipes.load_all()}

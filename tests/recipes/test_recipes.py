@@ -12,19 +12,19 @@ import sys
 from pathlib import Path
 
 import pytest
-from test_launchers import CHECKER, dry_run_argv, launcher_env, run_launcher, sentinel_bin
 
 from sparkserve.knobs.registry import BY_NAME
 from sparkserve.recipes import parse
 from support.cpu_launch import LAUNCHERS
 from support.geometry import write_word_tokenizer
+from support.launcher_runs import CHECKER, dry_run_argv, launcher_env, run_launcher, sentinel_bin
 
 REPO = Path(__file__).resolve().parents[2]
 RECIPES = {path.stem: parse(path) for path in sorted((REPO / "recipes").glob("*.toml"))}
 PAIRS = [(name, launcher) for name, recipe in RECIPES.items() for launcher in recipe.launchers]
 SPARK_OS_RESERVE_GIB = 14.0
 
-__all__ = ["sentinel_bin"]  # a fixture these tests share with test_launchers
+__all__ = ["sentinel_bin"]  # a fixture (support.launcher_runs) these tests use
 
 
 def sparkserve(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
