@@ -29,7 +29,7 @@ def test_a_short_soak_ends_every_request_and_leaves_the_server_and_guard_as_they
     shared_server: VllmServer,
 ) -> None:
     assert shared_server.proc is not None and shared_server.env is not None
-    seqs = tool_settings(shared_server.env).integer("MAX_NUM_SEQS")
+    seqs = tool_settings(shared_server.env).values.MAX_NUM_SEQS
     plan = SoakPlan(
         clients=CLIENTS_PER_SEQ * seqs, duration_s=DURATION_S,
         request_timeout_s=REQUEST_TIMEOUT_S, sample_s=0.5,

@@ -289,6 +289,15 @@ def dockerfile_stages() -> dict[str, str]:
     return dict(zip(parts[1::2], parts[2::2], strict=True))
 
 
+def test_dockerfile_defaults_are_the_registrys() -> None:
+    """The image's HF_HOME, exposed port and healthcheck port are the knobs' defaults: the
+    registry is their one source, the Dockerfile is checked against it."""
+    for name, stage in dockerfile_stages().items():
+        assert re.findall(r"^\s+HF_HOME=(\S+)", stage, re.M) == [BY_NAME["HF_HOME"].default], name
+        assert re.findall(r"^EXPOSE (\d+)$", stage, re.M) == [BY_NAME["PORT"].default], name
+        assert re.findall(r"\$\{PORT:-(\d+)\}", stage) == [BY_NAME["PORT"].default], name
+
+
 def test_dockerfile_builds_what_the_project_pins() -> None:
     text = (REPO / "Dockerfile").read_text()
     assert re.search(r"^ARG CUDA_IMAGE=nvidia/cuda:13\.\d+\.\d+-devel-ubuntu24\.04$", text, re.M)

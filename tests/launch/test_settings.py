@@ -3,6 +3,7 @@ counts as set, the typed values and what is derived from them once."""
 
 from __future__ import annotations
 
+from dataclasses import fields
 from pathlib import Path
 
 import pytest
@@ -84,10 +85,30 @@ def test_each_launcher_gets_its_knobs_and_only_those() -> None:
     assert "BIND_ADDRESS" not in resolve_settings({"BIND_ADDRESS": "not an address!"}).text
 
 
+def test_every_knob_a_launcher_reads_has_one_typed_value() -> None:
+    """Settings.values (knobs/values.py, generated from the registry) holds each knob the
+    launcher reads as its kind's type, parsed once; None where the launcher does not read it
+    or an empty number leaves it unset."""
+    kinds = {"int": int, "float": float, "bool": bool, "choice": str, "text": str}
+    for launcher in LAUNCHERS:
+        settings = resolve_settings({"KV_CACHE_GB": "2.5", "GUARD_FLOOR_GB": "3"}, launcher)
+        read = {knob.name: knob for knob in knobs_for(launcher)}
+        for field in fields(settings.values):
+            value = getattr(settings.values, field.name)
+            if field.name not in read:
+                assert value is None, (launcher, field.name)
+            else:
+                assert type(value) is kinds[read[field.name].kind], (launcher, field.name)
+        assert set(read) <= {field.name for field in fields(settings.values)}
+    mtp = resolve_settings({"KV_CACHE_GB": "", "GUARD_FLOOR_GB": "3", "TOOL_PARSER": ""}, "mtp")
+    assert mtp.values.DRAFT_MODEL is None and mtp.values.KV_CACHE_GB is None
+    assert mtp.values.GUARD_FLOOR_GB == 3.0 and mtp.values.TOOL_PARSER == ""
+
+
 def test_typed_values_and_what_is_derived_from_them() -> None:
     cpu = resolve_settings({**CPU, "MAX_NUM_SEQS": "8"}, "dflash")
-    assert cpu.integer("MAX_NUM_SEQS") == 8 and cpu.number("GPU_MEM") == 0.5
-    assert cpu.kv_cache_bytes == 2 * GIB and not cpu.speculating and not cpu.flag("GUARD_RESUME")
+    assert cpu.values.MAX_NUM_SEQS == 8 and cpu.values.GPU_MEM == 0.5
+    assert cpu.kv_cache_bytes == 2 * GIB and not cpu.speculating and not cpu.values.GUARD_RESUME
     assert cpu.lmhead_rows == 8, "no drafter: one row a request"
     spark = resolve_settings({}, "dflash")
     assert spark.kv_cache_bytes is None and spark.speculating

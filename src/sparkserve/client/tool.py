@@ -97,7 +97,7 @@ class LoadCommand:
 
 
 def max_num_seqs(args: argparse.Namespace, env: Mapping[str, str]) -> int:
-    return int(args.max_num_seqs or tool_settings(env).integer("MAX_NUM_SEQS"))
+    return int(args.max_num_seqs or tool_settings(env).values.MAX_NUM_SEQS)
 
 
 def connect(

@@ -230,7 +230,7 @@ def check_cache(model: str, home: Path) -> Check:
 
 
 def check_port(settings: Settings) -> Check:
-    port = settings.integer("PORT")
+    port = settings.values.PORT
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.settimeout(1)
         busy = sock.connect_ex(("127.0.0.1", port)) == 0
@@ -245,7 +245,7 @@ def check_pair(
     """With CLUSTER_NODES=2: this node's end of the link, then the meeting with the peer's
     doctor (cluster.preflight) over the ports the engine uses."""
     rows, end = link_rows(settings.text, spark)
-    port, watch = settings.integer("CLUSTER_PORT"), settings.integer("CLUSTER_WATCH_PORT")
+    port, watch = settings.values.CLUSTER_PORT, settings.values.CLUSTER_WATCH_PORT
     rows.append(
         Check(
             "engine ports",
@@ -258,7 +258,7 @@ def check_pair(
     if end is None:
         return [*rows, Check("peer", "skip", "not tried: fix the link rows first")]
     side = Side(
-        rank=settings.integer("CLUSTER_RANK"),
+        rank=settings.values.CLUSTER_RANK,
         head=settings["CLUSTER_HEAD_ADDR"],
         port=port,
         watch_port=watch,

@@ -327,7 +327,7 @@ def run_fetch(env: Mapping[str, str], launcher: Launcher, prog: str) -> int:
     hf_home = Path(settings["HF_HOME"])
     # huggingface_hub reads HF_HOME (and HF_TOKEN) from the environment.
     os.environ["HF_HOME"] = str(hf_home)
-    offline = settings.flag("HF_OFFLINE")
+    offline = settings.values.HF_OFFLINE
     record = Record(hf_home)
     for item in wanted(settings):
         try:

@@ -1,4 +1,5 @@
-"""Write the registry out where people read it: compose, .env.example, the docs tables.
+"""Write the registry out where people read it: compose, .env.example, the docs tables, and
+the typed attributes of knobs/values.py.
 
 Each target file holds a region between two marker lines that `sparkserve knobs sync`
 rewrites from the registry; `sparkserve knobs sync --check` (run by the tests) fails on drift.
@@ -81,12 +82,20 @@ def render_stop_grace(indent: str) -> list[str]:
     ]
 
 
+def render_values(indent: str) -> list[str]:
+    """knobs/values.py's attributes: each container knob with its Python type."""
+    return [
+        f"{indent}{knob.name}: {knob.python_type()}" for knob in KNOBS if knob.scope == "container"
+    ]
+
+
 TARGETS: list[tuple[str, str, Callable[[str], list[str]]]] = [
     ("docker-compose.yml", "knobs", render_compose),
     ("docker-compose.yml", "stop-grace", render_stop_grace),
     (".env.example", "knobs", render_env_example),
     ("docs/KNOBS.md", "knobs", render_markdown),
     ("README.md", "knobs", render_markdown),
+    ("src/sparkserve/knobs/values.py", "knobs", render_values),
 ]
 
 

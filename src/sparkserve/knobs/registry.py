@@ -16,6 +16,8 @@ from typing import Literal
 
 Launcher = Literal["dflash", "mtp"]
 LAUNCHERS: tuple[Launcher, ...] = ("dflash", "mtp")
+# The script that starts each launcher (in the checkout, and /opt/sparkserve in the images).
+LAUNCHER_SCRIPTS: dict[Launcher, str] = {"dflash": "serve.sh", "mtp": "mtp_serve.sh"}
 Kind = Literal["int", "float", "bool", "choice", "text"]
 # Which image the launcher runs in (its SPARKSERVE_IMAGE; unset on a host means "spark"): the
 # cpu image serves a small model with its own defaults.
@@ -83,6 +85,24 @@ class Knob:
         else:
             text = "any text"
         return f"{text}, or empty" if self.empty_ok and self.kind != "bool" else text
+
+    def value(self, text: str) -> int | float | bool | str | None:
+        """A checked value (`check`'s result) as its type: an int, a float, a bool ("1" is
+        on), or the text; None for an empty number (unset)."""
+        if self.kind == "bool":
+            return text == "1"
+        if self.kind in ("int", "float"):
+            if text == "":
+                return None
+            return int(text) if self.kind == "int" else float(text)
+        return text
+
+    def python_type(self) -> str:
+        """The type of `value`'s result, as the generated KnobValues declares it: None is
+        allowed for an empty number, and where a launcher does not read the knob."""
+        base = {"int": "int", "float": "float", "bool": "bool"}.get(self.kind, "str")
+        empty = self.empty_ok and self.kind in ("int", "float")
+        return f"{base} | None" if empty or self.launchers != LAUNCHERS else base
 
     def check(self, value: str) -> str:
         """Return the value normalised (stripped), or raise KnobError."""

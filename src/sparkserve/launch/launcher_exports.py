@@ -63,7 +63,7 @@ def checked_settings(
         try:
             check(settings, total_bytes)
         except KnobError as error:
-            if not settings.flag("DRY_RUN"):
+            if not settings.values.DRY_RUN:
                 raise
             notes.append(f"this machine would refuse it: {error}")
     return settings, notes
@@ -109,7 +109,7 @@ def resolve_exports(
 def guard_args(settings: Settings, pid: int) -> list[str]:
     """The guard's options, given to its keeper, which runs the guard and replaces it if it
     dies while vLLM runs (guard/keeper.py)."""
-    if not settings.flag("GUARD"):
+    if not settings.values.GUARD:
         return []
     return [
         "python3", "-m", "sparkserve.guard.keeper", "--pid", str(pid),
@@ -126,7 +126,7 @@ def watch_args(settings: Settings, pid: int, address: str, state_file: Path) -> 
     if not settings.pair:
         return []
     api = ""
-    if settings.integer("CLUSTER_RANK") == 0:
+    if settings.values.CLUSTER_RANK == 0:
         local = "127.0.0.1" if settings["HOST"] == "0.0.0.0" else settings["HOST"]
         api = f"http://{local}:{settings['PORT']}"
     return [

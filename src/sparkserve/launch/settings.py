@@ -27,6 +27,7 @@ from typing import Literal
 
 from sparkserve import recipes
 from sparkserve.knobs.registry import BY_NAME, Image, Knob, KnobError, Launcher, image_of, knobs_for
+from sparkserve.knobs.values import KnobValues
 from sparkserve.memory.budget import budget_problem, share_bytes
 from sparkserve.memory.host import GIB
 
@@ -48,50 +49,41 @@ def is_set(knob: Knob, raw: str | None) -> bool:
 @dataclass(frozen=True)
 class Settings:
     """The resolved knobs of one launcher: `text` holds each value as vLLM and the shell get
-    it (validated, in its plain form), `layer` where it came from."""
+    it (validated, in its plain form), `values` the same values typed (parsed once, here),
+    `layer` where each came from."""
 
     launcher: Launcher
     image: Image
     text: Mapping[str, str]
     layer: Mapping[str, Layer]
     recipe: recipes.Recipe | None
+    values: KnobValues
 
     def __getitem__(self, name: str) -> str:
         return self.text[name]
 
-    def integer(self, name: str) -> int:
-        return int(self.text[name])
-
-    def number(self, name: str) -> float | None:
-        """A float knob's value; None where it is empty (allowed for some: "unset")."""
-        value = self.text[name]
-        return float(value) if value else None
-
-    def flag(self, name: str) -> bool:
-        return self.text[name] == "1"
-
     @property
     def speculating(self) -> bool:
         """The launcher passes vLLM a speculative config (NUM_SPEC_TOKENS > 0)."""
-        return self.integer("NUM_SPEC_TOKENS") > 0
+        return self.values.NUM_SPEC_TOKENS > 0
 
     @property
     def pair(self) -> bool:
-        return self.integer("CLUSTER_NODES") == 2
+        return self.values.CLUSTER_NODES == 2
 
     @property
     def kv_cache_bytes(self) -> int | None:
         """KV_CACHE_GB in bytes (vLLM's --kv-cache-memory-bytes); None lets GPU_MEM decide."""
-        gib = self.number("KV_CACHE_GB")
+        gib = self.values.KV_CACHE_GB
         return None if gib is None else int(gib * GIB)
 
     @property
     def lmhead_rows(self) -> int:
-        return decode_rows(self.integer("MAX_NUM_SEQS"), self.integer("NUM_SPEC_TOKENS"))
+        return decode_rows(self.values.MAX_NUM_SEQS, self.values.NUM_SPEC_TOKENS)
 
     def vllm_share_bytes(self, total_bytes: int) -> int:
         """GPU_MEM of this machine's memory: what vLLM may take."""
-        return share_bytes(self.number("GPU_MEM") or 0.0, total_bytes)
+        return share_bytes(self.values.GPU_MEM, total_bytes)
 
     def budget_problem(self, total_bytes: int) -> str | None:
         """Why GPU_MEM leaves the OS less than OS_RESERVE_GB here (one line), or None."""
@@ -150,7 +142,7 @@ def resolve_settings(
             raw, source = given[knob.name], "option"
         text[knob.name] = knob.check(raw)
         layer[knob.name] = source
-    return Settings(launcher, image, text, layer, recipe)
+    return Settings(launcher, image, text, layer, recipe, KnobValues.parse(text))
 
 
 def check_recipe_fits(settings: Settings, total_bytes: int) -> None:

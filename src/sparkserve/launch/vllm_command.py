@@ -61,13 +61,13 @@ def speculative_config(settings: Settings, extra: dict[str, object]) -> str:
         # vLLM's prompt lookup: drafts follow the latest match of 2 to 4 tokens. The launcher's
         # workaround fields concern its own drafter, so none is added.
         config = {"method": "ngram", "prompt_lookup_min": 2, "prompt_lookup_max": 4}
-        config["num_speculative_tokens"] = settings.integer("NUM_SPEC_TOKENS")
+        config["num_speculative_tokens"] = settings.values.NUM_SPEC_TOKENS
         return json.dumps(config, separators=(",", ":"))
     if settings.launcher == "dflash":
         config = {"method": "dflash", "model": settings["DRAFT_MODEL"]}
     else:
         config = {"method": "mtp"}
-    config["num_speculative_tokens"] = settings.integer("NUM_SPEC_TOKENS")
+    config["num_speculative_tokens"] = settings.values.NUM_SPEC_TOKENS
     if settings.launcher == "dflash" and settings["DRAFT_ATTENTION_BACKEND"]:
         config["attention_backend"] = settings["DRAFT_ATTENTION_BACKEND"]
     config |= extra
@@ -94,7 +94,7 @@ def cluster_args(settings: Settings, join_timeout_s: int) -> list[str]:
         args += ["--pipeline-parallel-size", "2"]
     else:
         args += ["--tensor-parallel-size", "2"]
-    if settings.integer("CLUSTER_RANK") == 1:
+    if settings.values.CLUSTER_RANK == 1:
         args.append("--headless")
     return args
 
@@ -109,13 +109,12 @@ def drain_args(settings: Settings) -> list[str]:
     release gates them: --shutdown-timeout in engine/arg_utils.py (0.27.1: line 1643; 0.32: 1902;
     0.33: 1941), --middleware in entrypoints/openai/cli_args.py (0.27.1: line 301) and
     entrypoints/launchers/cli_args.py (0.32: 351; 0.33: 361)."""
-    timeout = settings["SHUTDOWN_TIMEOUT_S"]
-    middleware = ACCESS_THEN_DRAIN if int(timeout) > 0 else ACCESS_MIDDLEWARE
-    return ["--shutdown-timeout", timeout, "--middleware", middleware]
+    middleware = ACCESS_THEN_DRAIN if settings.values.SHUTDOWN_TIMEOUT_S > 0 else ACCESS_MIDDLEWARE
+    return ["--shutdown-timeout", settings["SHUTDOWN_TIMEOUT_S"], "--middleware", middleware]
 
 
 def join_timeout_s(settings: Settings) -> int:
-    return math.ceil(settings.number("CLUSTER_JOIN_TIMEOUT_S") or 0)
+    return math.ceil(settings.values.CLUSTER_JOIN_TIMEOUT_S)
 
 
 def start_caches(hf_home: str) -> dict[str, str]:
@@ -217,13 +216,13 @@ def vllm_command(
         "--max-num-batched-tokens", settings["MAX_BATCHED_TOKENS"],
         "--load-format", settings["LOAD_FORMAT"],
     ]  # fmt: skip
-    prefix_cache = settings.flag("PREFIX_CACHE")
+    prefix_cache = settings.values.PREFIX_CACHE
     argv.append("--enable-prefix-caching" if prefix_cache else "--no-enable-prefix-caching")
     if settings["TOOL_PARSER"]:
         argv += ["--enable-auto-tool-choice", "--tool-call-parser", settings["TOOL_PARSER"]]
     if settings["REASONING_PARSER"]:
         argv += ["--reasoning-parser", settings["REASONING_PARSER"]]
-    if not settings.flag("THINKING"):
+    if not settings.values.THINKING:
         argv += ["--default-chat-template-kwargs", json.dumps(NO_THINKING)]
     argv += drain_args(settings)
     speculative_fields: dict[str, object] = {}

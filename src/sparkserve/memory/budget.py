@@ -43,9 +43,9 @@ def fit_problem(share: int, weights_bytes: int, overhead_bytes: int) -> str | No
     )
 
 
-def os_left_bytes(gpu_mem: float, total_bytes: int) -> float:
-    """Unified memory outside vLLM's share."""
-    return (1 - gpu_mem) * total_bytes
+def os_left_bytes(gpu_mem: float, total_bytes: int) -> int:
+    """Unified memory outside vLLM's share: what the OS keeps."""
+    return total_bytes - share_bytes(gpu_mem, total_bytes)
 
 
 def leaves_reserve(gpu_mem: float, reserve_gib: float, total_bytes: int) -> bool:

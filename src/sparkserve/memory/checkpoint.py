@@ -19,6 +19,9 @@ class CheckpointError(ValueError):
 
 
 def hf_home(env: dict[str, str] | None = None) -> Path:
+    """The model cache: HF_HOME where set (the images set the registry's default), else
+    huggingface_hub's own default, as on a host. Every tool and the lm-head's calibration
+    cache find it here."""
     env = dict(os.environ) if env is None else env
     return Path(env.get("HF_HOME") or Path.home() / ".cache" / "huggingface")
 

@@ -78,6 +78,15 @@ class KvRequest:
     # sparkserve.memory.dtypes): left to "auto", vLLM would fill them from the environment.
     dtypes: Dtypes | None = None
 
+    def __post_init__(self) -> None:
+        # one meaning of "speculating": a method and tokens to draft, or neither (the plan
+        # decides it once, from the launcher's settings)
+        if (self.spec_method is None) != (self.num_spec_tokens == 0) or self.num_spec_tokens < 0:
+            raise GeometryError(
+                f"speculation: method {self.spec_method!r} with {self.num_spec_tokens} tokens; "
+                "a method needs tokens > 0, no method needs 0"
+            )
+
     @property
     def nodes(self) -> int:
         return self.tensor_parallel * self.pipeline_parallel
@@ -204,7 +213,7 @@ def _engine_config(req: KvRequest) -> Any:
     from vllm.engine.arg_utils import EngineArgs
 
     speculative: dict[str, Any] | None = None
-    if req.spec_method and req.num_spec_tokens > 0:
+    if req.spec_method is not None:
         speculative = {"method": req.spec_method, "num_speculative_tokens": req.num_spec_tokens}
         if req.spec_method == "dflash":
             if req.drafter is None:

@@ -120,7 +120,7 @@ def cluster_shape(args: argparse.Namespace, env: Mapping[str, str]) -> tuple[int
     KnobError or UsageError (one line) on a bad value. One node has no layout."""
     given = {"CLUSTER_NODES": args.nodes, "CLUSTER_LAYOUT": args.layout}
     settings = tool_settings(env, {k: v for k, v in given.items() if v is not None})
-    nodes = settings.integer("CLUSTER_NODES")
+    nodes = settings.values.CLUSTER_NODES
     if nodes == 1:
         if args.layout is not None:
             raise UsageError(

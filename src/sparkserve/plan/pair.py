@@ -144,7 +144,7 @@ def make_pair_plan(args: argparse.Namespace, env: Mapping[str, str], layout: str
         raise VllmMissing(f"vLLM is not importable here ({error})") from None
     weights_per_node = split.per_node(sources.weights_bytes)
     drafter_per = drafter_per_node(drafter_split, sources.drafter_bytes)
-    keep_bf16 = sources.settings.flag("SPARK_KEEP_BF16_LMHEAD")
+    keep_bf16 = sources.settings.values.SPARK_KEEP_BF16_LMHEAD
     reclaims = reclaim_per_node(split) if not keep_bf16 else (0,) * nodes
     active, active_source = active_bytes(args, sources.config, sources.found, sources.weights_bytes)
     active_per = split.per_node(active, reads=True) if active is not None else (None,) * nodes
@@ -158,9 +158,7 @@ def make_pair_plan(args: argparse.Namespace, env: Mapping[str, str], layout: str
         active_bytes=active,
         active_source=active_source,
         overhead_bytes=int(args.overhead_gib * GIB),
-        largest_gpu_mem=largest_gpu_mem(
-            sources.settings.number("OS_RESERVE_GB") or 0, sources.total
-        ),
+        largest_gpu_mem=largest_gpu_mem(sources.settings.values.OS_RESERVE_GB, sources.total),
         split=split,
         nodes=[],
     )
@@ -180,7 +178,7 @@ def make_pair_plan(args: argparse.Namespace, env: Mapping[str, str], layout: str
     # the same GPU_MEM rule breaks on both hosts alike: say it once
     same = len(budget) == nodes and len({line.split(": ", 1)[1] for line in budget}) == 1
     plan.problems[:0] = [f"each node: {budget[0].split(': ', 1)[1]}"] if same else budget
-    if layout == "pp" and args.method == "dflash" and sources.spec_tokens > 0:
+    if layout == "pp" and sources.spec_method == "dflash":
         plan.notes.append(DFLASH_PP_NOTE)
     if plan.problems:
         return plan
@@ -210,7 +208,7 @@ def _add_kv(plan: PairPlan, args: argparse.Namespace, sources: Sources) -> None:
     plan.link = link_cost(plan, args.link_gbps, args.link_latency_us)
     plan.decode_ceiling = pair_ceiling(plan, args.bandwidth_gbs)
     pool = per_node[0]
-    seqs = sources.settings.integer("MAX_NUM_SEQS")
+    seqs = sources.settings.values.MAX_NUM_SEQS
     length = sources.values["MAX_MODEL_LEN"]
     if pool.max_concurrency < 1:
         plan.problems.append(

@@ -177,10 +177,15 @@ class Sources:
     found: Weights | None
     weights_bytes: int
     weights_source: str
-    spec_tokens: int
+    spec_method: str | None  # what drafts: the plan's method where the launcher speculates
     drafter_dir: Path | None
     drafter_bytes: int
     total: int  # one machine's memory
+
+    @property
+    def spec_tokens(self) -> int:
+        """Tokens drafted per step: NUM_SPEC_TOKENS where something drafts, else 0."""
+        return self.settings.values.NUM_SPEC_TOKENS if self.spec_method else 0
 
     @property
     def dtypes(self) -> Dtypes:
@@ -212,10 +217,10 @@ def read_sources(args: argparse.Namespace, env: Mapping[str, str]) -> Sources:
             f"MODEL={settings['MODEL']}: no safetensors files or index in {target_dir}; "
             "pass --weights-gib"
         )
-    spec_tokens = settings.integer("NUM_SPEC_TOKENS") if args.method != "none" else 0
+    spec_method = args.method if args.method != "none" and settings.speculating else None
     drafter_dir: Path | None = None
     drafter_bytes = 0
-    if args.method == "dflash" and spec_tokens > 0:
+    if spec_method == "dflash":
         drafter_dir = locate(settings["DRAFT_MODEL"], home)
         read_config(drafter_dir)
         if args.drafter_weights_gib is not None:
@@ -228,7 +233,7 @@ def read_sources(args: argparse.Namespace, env: Mapping[str, str]) -> Sources:
     else:
         total = read_meminfo().total
     return Sources(
-        settings, target_dir, config, found, weights_bytes, source, spec_tokens, drafter_dir,
+        settings, target_dir, config, found, weights_bytes, source, spec_method, drafter_dir,
         drafter_bytes, total,
     )  # fmt: skip
 
@@ -251,18 +256,18 @@ def plan_inputs(args: argparse.Namespace, sources: Sources) -> dict[str, Any]:
 
 def kv_request(args: argparse.Namespace, sources: Sources, kv_bytes: int) -> KvRequest:
     """What vLLM is asked to lay out for one node (a pair's plan adds its parallel sizes)."""
-    settings, spec_tokens = sources.settings, sources.spec_tokens
+    settings = sources.settings
     backend = args.attention_backend or ("CPU_ATTN" if args.platform == "cpu" else "TRITON_ATTN")
     return KvRequest(
         target=sources.target_dir,
         drafter=sources.drafter_dir,
-        spec_method=None if args.method == "none" or spec_tokens == 0 else args.method,
-        num_spec_tokens=spec_tokens,
-        max_model_len=settings.integer("MAX_MODEL_LEN"),
-        max_num_seqs=settings.integer("MAX_NUM_SEQS"),
-        max_batched_tokens=settings.integer("MAX_BATCHED_TOKENS"),
+        spec_method=sources.spec_method,
+        num_spec_tokens=sources.spec_tokens,
+        max_model_len=settings.values.MAX_MODEL_LEN,
+        max_num_seqs=settings.values.MAX_NUM_SEQS,
+        max_batched_tokens=settings.values.MAX_BATCHED_TOKENS,
         kv_bytes=kv_bytes,
-        prefix_cache=settings.flag("PREFIX_CACHE"),
+        prefix_cache=settings.values.PREFIX_CACHE,
         platform=args.platform,
         backend=backend,
         mamba_checkpoint_blocks=args.mamba_checkpoint_blocks,
@@ -278,13 +283,13 @@ def kv_budget(
     if args.kv_cache_memory_bytes is not None:
         kv_bytes = int(args.kv_cache_memory_bytes)
         used = resident + kv_bytes
-        reserve = (settings.number("OS_RESERVE_GB") or 0) * GIB
+        reserve = settings.values.OS_RESERVE_GB * GIB
         problem = None if total - used >= reserve else _fixed_pool_problem(settings, total - used)
         return kv_bytes, used, 0, problem
     used = settings.vllm_share_bytes(total)
     available = used - resident
     cudagraph = 0
-    if settings.flag("VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS") and args.platform == "cuda":
+    if settings.values.VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS and args.platform == "cuda":
         cudagraph = int(max(available, 0) * args.cudagraph_share)
     return available - cudagraph, used, cudagraph, settings.budget_problem(total)
 
@@ -320,7 +325,7 @@ def make_plan(args: argparse.Namespace, env: Mapping[str, str]) -> Plan:
     settings, config, found = sources.settings, sources.config, sources.found
     weights_bytes, source, total = sources.weights_bytes, sources.weights_source, sources.total
     overhead = int(args.overhead_gib * GIB)
-    reclaim = 0 if settings.flag("SPARK_KEEP_BF16_LMHEAD") else lmhead_reclaim_bytes(config)
+    reclaim = 0 if settings.values.SPARK_KEEP_BF16_LMHEAD else lmhead_reclaim_bytes(config)
     active, active_source = active_bytes(args, config, found, weights_bytes)
     loaded = (weights_bytes, sources.drafter_bytes, reclaim)
     memory, problem = machine_memory(args, settings, total, loaded, active)
@@ -331,7 +336,7 @@ def make_plan(args: argparse.Namespace, env: Mapping[str, str]) -> Plan:
         weights_source=source,
         active_source=active_source,
         overhead_bytes=overhead,
-        largest_gpu_mem=largest_gpu_mem(settings.number("OS_RESERVE_GB") or 0, total),
+        largest_gpu_mem=largest_gpu_mem(settings.values.OS_RESERVE_GB, total),
     )
     if problem is not None:
         plan.problems.append(problem)
@@ -352,7 +357,7 @@ def make_plan(args: argparse.Namespace, env: Mapping[str, str]) -> Plan:
         plan.problems.append(str(error))
         return plan
     plan.decode_ceiling = _decode_ceiling(plan, plan.kv, args.bandwidth_gbs)
-    seqs = settings.integer("MAX_NUM_SEQS")
+    seqs = settings.values.MAX_NUM_SEQS
     if plan.kv.max_concurrency < 1:
         plan.problems.append(
             f"the KV pool ({plan.kv.pool_tokens:,} tokens) holds less than one request of "

@@ -24,13 +24,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from sparkserve.knobs.registry import BY_NAME, LAUNCHERS, KnobError, Launcher
+from sparkserve.knobs.registry import BY_NAME, LAUNCHER_SCRIPTS, LAUNCHERS, KnobError, Launcher
 from sparkserve.memory.budget import DEFAULT_OVERHEAD_GIB, fit_problem
 from sparkserve.memory.host import GIB
 
 CHECKOUT_DIR = Path(__file__).resolve().parents[3] / "recipes"
 IMAGE_DIR = Path("/opt/sparkserve/recipes")  # the Dockerfile copies recipes/ here
-LAUNCHER_SCRIPTS: dict[str, str] = {"dflash": "serve.sh", "mtp": "mtp_serve.sh"}
 # "serve.sh (dflash) or mtp_serve.sh (mtp)": the launchers as an option's help names them
 LAUNCHERS_HELP = " or ".join(f"{script} ({name})" for name, script in LAUNCHER_SCRIPTS.items())
 IMAGE_LAUNCHERS = Path("/opt/sparkserve")  # where the images keep serve.sh and mtp_serve.sh
@@ -39,7 +38,7 @@ IMAGE_LAUNCHERS = Path("/opt/sparkserve")  # where the images keep serve.sh and 
 def launcher_dir() -> Path:
     """The checkout's launchers when run from one, the image's otherwise."""
     checkout = CHECKOUT_DIR.parent
-    return checkout if (checkout / "serve.sh").is_file() else IMAGE_LAUNCHERS
+    return checkout if (checkout / LAUNCHER_SCRIPTS["dflash"]).is_file() else IMAGE_LAUNCHERS
 
 
 # Knobs a recipe may set: what the model needs. Access, network, guard and launcher behaviour

@@ -26,6 +26,7 @@ from typing import Any
 
 from sparkserve import recipes
 from sparkserve.knobs.registry import BY_NAME
+from sparkserve.memory.checkpoint import hf_home
 from sparkserve.selftest import cases, checks
 from sparkserve.selftest.checks import mark
 from sparkserve.selftest.models import TINY, GeometryError, Models, keep_models, models_home
@@ -169,15 +170,15 @@ def run(args: argparse.Namespace) -> int:
             raise GeometryError(f"--cases: {bad[0]!r} is not one of {', '.join(cases.CASES)}")
         geometry = chosen_geometry(args)
         layers = args.layers or (None if geometry == TINY else DEFAULT_LAYERS)
-        hf_home = Path(os.environ.get("HF_HOME") or Path.home() / ".cache" / "huggingface")
-        models = keep_models(models_home(hf_home, geometry, layers), geometry, layers)
+        home = hf_home()
+        models = keep_models(models_home(home, geometry, layers), geometry, layers)
     except (GeometryError, recipes.RecipeError) as error:
         print(f"sparkserve selftest: {error}", file=sys.stderr)
         return 2
     if models.drafter is None:
         names = [n for n in names if n != "dflash"]
     stamp = time.strftime("%Y%m%d-%H%M%S")
-    out = args.out or hf_home / "sparkserve" / "selftest" / stamp
+    out = args.out or home / "sparkserve" / "selftest" / stamp
     out.mkdir(parents=True, exist_ok=True)
     say(f"{geometry}: {models.layers} of {models.full_layers} layers, vocab {models.vocab}, "
         f"no weights; cases {', '.join(names)}; out {out}")  # fmt: skip

@@ -88,7 +88,7 @@ def _run(args: argparse.Namespace, env: Mapping[str, str]) -> int:
     # Everything is checked before any load.
     reserve = args.os_reserve_gb
     if reserve is None:
-        reserve = tool_settings(env).number("OS_RESERVE_GB")
+        reserve = tool_settings(env).values.OS_RESERVE_GB
     seqs = tool.max_num_seqs(args, env)
     bank = parse_bank(args.bank) if args.bank is not None else default_bank(seqs)
     pool = args.pool_tokens

@@ -167,7 +167,7 @@ def watch_for(env: Mapping[str, str], clock: Callable[[], float]) -> tuple[PairW
     host = settings["CLUSTER_HEAD_ADDR"]
     if not host:
         return None, "CLUSTER_NODES=2 but CLUSTER_HEAD_ADDR is empty: judging this host alone"
-    watch = PairWatch(host, settings.integer("CLUSTER_WATCH_PORT"), clock)
+    watch = PairWatch(host, settings.values.CLUSTER_WATCH_PORT, clock)
     try:
         readings_of(wire.request(host, watch.port, {"kind": "probe"}, TIMEOUT_S))
     except OSError as error:

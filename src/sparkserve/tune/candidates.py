@@ -13,7 +13,13 @@ from dataclasses import dataclass
 
 from sparkserve.command_line import UsageError
 from sparkserve.knobs.registry import BY_NAME, KnobError
-from sparkserve.memory.budget import DEFAULT_OVERHEAD_GIB, budget_problem, largest_gpu_mem
+from sparkserve.memory.budget import (
+    DEFAULT_OVERHEAD_GIB,
+    budget_problem,
+    kv_room_bytes,
+    largest_gpu_mem,
+    share_bytes,
+)
 from sparkserve.memory.host import GIB
 
 MEMORY_KNOBS = ("GPU_MEM", "KV_CACHE_GB")
@@ -52,7 +58,8 @@ def default_memory_values(
     if knob == "GPU_MEM":
         top = share
     else:
-        room = share * total_bytes - weights_bytes - DEFAULT_OVERHEAD_GIB * GIB
+        overhead = int(DEFAULT_OVERHEAD_GIB * GIB)
+        room = kv_room_bytes(share_bytes(share, total_bytes), weights_bytes, overhead)
         top = math.floor(room / GIB / STEPS[knob]) * STEPS[knob]
     low = BY_NAME[knob].minimum or step
     values = [top - i * step for i in range(count)]

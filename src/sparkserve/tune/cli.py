@@ -227,9 +227,7 @@ def _memory(args: argparse.Namespace, env: Mapping[str, str]) -> int:
     start_value = served[knob]
     if not start_value:
         raise cl.UsageError(f"{knob} is not set on the server: tune GPU_MEM (--knob GPU_MEM)")
-    reserve = (
-        args.os_reserve_gb if args.os_reserve_gb is not None else float(served["OS_RESERVE_GB"])
-    )
+    reserve = args.os_reserve_gb if args.os_reserve_gb is not None else served.values.OS_RESERVE_GB
     total = read_meminfo().total
     weights, weights_note = _weights_bytes(served)
     if args.candidates:

@@ -26,11 +26,10 @@ from typing import Protocol
 
 from sparkserve.command_line import UsageError
 from sparkserve.guard.monitor import marker_path
-from sparkserve.knobs.registry import stop_grace_s
+from sparkserve.knobs.registry import LAUNCHER_SCRIPTS, stop_grace_s
 
 LAUNCHER_MARK = "SPARK_LMHEAD_CALIBRATE"  # in the environment of every launcher-started vLLM
 IMAGE_MARK = "SPARKSERVE_IMAGE"  # in the environment of every sparkserve container
-LAUNCHER_SCRIPTS = {"dflash": "serve.sh", "mtp": "mtp_serve.sh"}
 STOP_GRACE_S = float(stop_grace_s())  # docker-compose.yml's stop_grace_period (generated)
 
 

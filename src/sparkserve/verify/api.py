@@ -16,7 +16,7 @@ from sparkserve.selftest.checks import Probe, Result
 def probe_for(server: Any, model: str, settings: Settings, out: Path) -> Probe:
     return Probe(server=server, key=settings["API_KEY"], model=model, speculative=False,
                  head_report_dir=out, int8_head=False, cuda=False,
-                 metrics_open=settings.flag("METRICS_OPEN"))  # fmt: skip
+                 metrics_open=settings.values.METRICS_OPEN)  # fmt: skip
 
 
 def _error_message(body: Any) -> str:

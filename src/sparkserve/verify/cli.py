@@ -167,7 +167,7 @@ def _verify(args: argparse.Namespace, env: Mapping[str, str]) -> int:
     uses = phases.Uses.of(served)
     max_delta, tie, limits_source = _limits(args, served["RECIPE"])
     plan = phases.plan(uses, checks)
-    max_len = info.max_model_len or served.integer("MAX_MODEL_LEN")
+    max_len = info.max_model_len or served.values.MAX_MODEL_LEN
     say(f"[verify] {info.model} at {server.url}: speculation {'on' if uses.speculating else 'off'}"
         f", {'int8' if uses.int8_head else 'bf16'} head, prefix caching "
         f"{'on' if uses.prefix_cache else 'off'}; settings {', '.join(p.name for p in plan)}; "

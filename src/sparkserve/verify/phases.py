@@ -31,8 +31,8 @@ class Uses:
 
     @classmethod
     def of(cls, served: Settings) -> Uses:
-        return cls(served.speculating, not served.flag("SPARK_KEEP_BF16_LMHEAD"),
-                   served.flag("PREFIX_CACHE"))  # fmt: skip
+        return cls(served.speculating, not served.values.SPARK_KEEP_BF16_LMHEAD,
+                   served.values.PREFIX_CACHE)  # fmt: skip
 
 
 def plan(uses: Uses, checks: set[str]) -> list[Phase]:

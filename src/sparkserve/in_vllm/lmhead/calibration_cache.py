@@ -19,6 +19,8 @@ from typing import Any
 
 import torch
 
+from sparkserve.memory.checkpoint import hf_home
+
 from . import layout
 from .calibrate import BF16, Group, HeadChoice
 from .int8_kernel import KernelConfig
@@ -32,9 +34,7 @@ KINDS = ("mmab", "gluon", "wgmma")
 
 def cache_path(env: dict[str, str] | None = None) -> Path:
     """Where the file lives: under HF_HOME (the model-cache volume in the image)."""
-    env = dict(os.environ) if env is None else env
-    home = env.get("HF_HOME") or str(Path.home() / ".cache" / "huggingface")
-    return Path(home) / "sparkserve" / FILE_NAME
+    return hf_home(env) / "sparkserve" / FILE_NAME
 
 
 def driver_version() -> str:
