@@ -22,15 +22,17 @@ refuse_arguments() {
 }
 
 # resolve_knobs LAUNCHER: every knob resolved (registry < image < launcher < recipe < what
-# you set; docs/KNOBS.md) and checked, with the memory budget, against this machine. On a bad
+# you set; docs/KNOBS.md) and checked, with the memory budget, against this machine, and the
+# start decided: the fetch's, the guard's and the pair watch's commands (they watch this
+# shell's PID, vLLM's parent: run_vllm) and LAUNCH_PLAN, what vllm_command reads. On a bad
 # value the registry prints one line (knob, value, what is allowed) and we exit 2.
 resolve_knobs() {
-  LAUNCHER="$1"
-  python_step knobs resolve --launcher "${LAUNCHER}" --prog "${PROG}"
+  python_step knobs resolve --launcher "$1" --prog "${PROG}" --pid "$$"
 }
 
-# python_step ARGS...: `python3 -m sparkserve ARGS`, whose output sets this shell's variables
-# (set_variables); on failure its one line goes through refuse and the launcher exits 2.
+# python_step ARGS...: `python3 -m sparkserve ARGS` (with this function's standard input),
+# whose output sets this shell's variables (set_variables); on failure its one line goes
+# through refuse and the launcher exits 2.
 python_step() {
   local said out status=0 line
   said="$(mktemp)"
@@ -113,11 +115,12 @@ refuse() {
 }
 
 # vllm_command: vLLM's whole command line and environment, decided in one place
-# (src/sparkserve/launch/vllm_command.py) from the settings and the target's own config.json, into
-# VLLM_ARGS and VLLM_ENV; the guard's and the pair watch's commands watch this shell's PID,
-# vLLM's parent (run_vllm).
+# (src/sparkserve/launch/vllm_command.py) from the launch plan resolve_knobs made and the
+# target's own config.json, into VLLM_ARGS and VLLM_ENV. The plan holds the key: it goes to
+# Python on a pipe, never into an argument or the environment.
 vllm_command() {
-  python_step knobs command --launcher "${LAUNCHER}" --prog "${PROG}" --pid "$$"
+  python_step knobs command --prog "${PROG}" <<< "${LAUNCH_PLAN}"
+  unset LAUNCH_PLAN
   local note
   for note in "${NOTES[@]}"; do
     printf '%s: %s\n' "${PROG}" "${note}" >&2

@@ -51,8 +51,8 @@ def _run_knobs(args: argparse.Namespace) -> int:
         from sparkserve.launch.launcher_exports import main_command, main_resolve
 
         if args.knobs_command == "resolve":
-            return main_resolve(args.launcher, os.environ, args.prog)
-        return main_command(args.launcher, os.environ, args.prog, args.pid)
+            return main_resolve(args.launcher, os.environ, args.prog, args.pid)
+        return main_command(sys.stdin.read(), args.prog)
     from sparkserve.knobs.docs import sync
 
     return _report_drift(sync(args.repo, check=args.check), args.check)
@@ -95,15 +95,15 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     )
     resolve.add_argument("--launcher", choices=LAUNCHERS, required=True)
     resolve.add_argument("--prog", default="sparkserve", help="name to put on error lines")
-    command = knob_commands.add_parser(
-        "command",
-        help="vLLM's command and environment, as a launcher's variables (NUL-separated)",
-    )
-    command.add_argument("--launcher", choices=LAUNCHERS, required=True)
-    command.add_argument("--prog", default="sparkserve", help="name to put on error lines")
-    command.add_argument(
+    resolve.add_argument(
         "--pid", type=int, required=True, help="the process the guard and the pair watch watch"
     )
+    command = knob_commands.add_parser(
+        "command",
+        help="vLLM's command and environment from the launch plan `resolve` wrote (on stdin), "
+        "as a launcher's variables (NUL-separated)",
+    )
+    command.add_argument("--prog", default="sparkserve", help="name to put on error lines")
     knob_sync = knob_commands.add_parser(
         "sync", help="regenerate the knob tables in compose, .env.example and the docs"
     )

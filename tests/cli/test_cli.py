@@ -59,7 +59,8 @@ def probe(*argv: str) -> tuple[int, list[str]]:
 
 def test_a_launcher_step_imports_no_other_tool() -> None:
     # the guard's module only: where its record and metrics live is the launcher's business
-    assert probe("knobs", "resolve", "--launcher", "mtp") == (0, ["sparkserve.guard.monitor"])
+    resolve = ("knobs", "resolve", "--launcher", "mtp", "--pid", "1")
+    assert probe(*resolve) == (0, ["sparkserve.guard.monitor"])
 
 
 def test_a_tool_imports_its_own_module_only() -> None:

@@ -32,16 +32,26 @@ def test_one_node_needs_no_link() -> None:
 
 
 def _resolve_in(
-    pair: netns.NodePair, namespace: str, step: str = "resolve", **knobs: str
+    pair: netns.NodePair, namespace: str, **knobs: str
 ) -> subprocess.CompletedProcess[str]:
     env = {
         "PATH": os.environ["PATH"], "PYTHONPATH": str(SRC), "GPU_MEM": "0.3",
         "OS_RESERVE_GB": "4", "CLUSTER_NODES": "2", **knobs,
     }  # fmt: skip
     argv = ["env", *(f"{k}={v}" for k, v in env.items()), sys.executable, "-m", "sparkserve",
-            "knobs", step, "--launcher", "dflash", "--prog", "serve.sh",
-            *(["--pid", "1"] if step == "command" else [])]  # fmt: skip
+            "knobs", "resolve", "--launcher", "dflash", "--prog", "serve.sh",
+            "--pid", "1"]  # fmt: skip
     return pair.run(namespace, *argv, check=False)
+
+
+def _command(plan: object) -> subprocess.CompletedProcess[str]:
+    """The launcher's second step, outside the namespaces: it reads only the plan."""
+    assert isinstance(plan, str)
+    return subprocess.run(
+        [sys.executable, "-m", "sparkserve", "knobs", "command", "--prog", "serve.sh"],
+        input=plan, env={"PATH": os.environ["PATH"], "PYTHONPATH": str(SRC)},
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
 
 
 def _variables(done: subprocess.CompletedProcess[str]) -> dict[str, object]:
@@ -50,10 +60,8 @@ def _variables(done: subprocess.CompletedProcess[str]) -> dict[str, object]:
     return dict(read_records(done.stdout.encode()))
 
 
-def _head(
-    pair: netns.NodePair, step: str = "resolve", **knobs: str
-) -> subprocess.CompletedProcess[str]:
-    return _resolve_in(pair, pair.head, step, **{"CLUSTER_RANK": "0",
+def _head(pair: netns.NodePair, **knobs: str) -> subprocess.CompletedProcess[str]:
+    return _resolve_in(pair, pair.head, **{"CLUSTER_RANK": "0",
                        "CLUSTER_HEAD_ADDR": pair.head_ip, "CLUSTER_IFACE": pair.head_if,
                        **knobs})  # fmt: skip
 
@@ -61,7 +69,8 @@ def _head(
 def test_the_head_and_the_worker_find_their_address_on_the_link(pair: netns.NodePair) -> None:
     head = _variables(_head(pair, CLUSTER_JOIN_TIMEOUT_S="600.5"))
     assert head["CLUSTER_HOST_IP"] == pair.head_ip
-    command = _variables(_head(pair, step="command", CLUSTER_JOIN_TIMEOUT_S="600.5"))
+    assert "--host-ip" in head["WATCH_ARGS"]  # type: ignore[operator]
+    command = _variables(_command(head["LAUNCH_PLAN"]))
     argv = command["VLLM_ARGS"]
     assert isinstance(argv, list)
     assert argv[argv.index("--distributed-timeout-seconds") + 1] == "601"

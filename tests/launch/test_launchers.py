@@ -191,7 +191,7 @@ def test_bad_knob_value_is_one_line_exit_2_and_no_exports(
     if launcher not in knob.launchers:
         pytest.skip(f"{knob.name} is not read by the {launcher} launcher")
     prog = LAUNCHERS[launcher].name
-    code = main_resolve(launcher, launcher_env(**{knob.name: value}), prog)
+    code = main_resolve(launcher, launcher_env(**{knob.name: value}), prog, pid=1)
     out, err = capsys.readouterr()
     assert (code, out) == (2, "")
     lines = err.strip().splitlines()
