@@ -71,6 +71,10 @@ def spark_cases(geometry: tuple[Path, Path]) -> dict[str, tuple[list[str], dict[
         "bf16-head": ([*spark, "--keep-bf16-lmhead", "1"], {}),
         "int8-head": ([*spark, "--keep-bf16-lmhead", "0"], {}),
         "text": ([*spark[:-1], "--keep-bf16-lmhead", "1"], {}),
+        # EXTRA_ARGS come last on the launcher's command line, and vLLM takes the last
+        "extra-args": (
+            [*spark, "--keep-bf16-lmhead", "1"], {"EXTRA_ARGS": "--max-model-len 65536"}
+        ),
         "too-big": (
             ["--model", str(target), "--drafter", str(drafter), "--gpu-mem", "0.83",
              "--mem-total-gib", "100", "--weights-gib", "40", "--os-reserve-gb", "18",
@@ -175,6 +179,23 @@ def test_spark_figures_within_5_percent(
     assert plan["fits"] is True
     # Bandwidth-bound ceiling at one stream must be above the measured 28.2 tok/s base decode.
     assert plan["decode_ceiling"]["measured_low_short_context"] > 28.2
+
+
+def test_plan_builds_vllms_config_from_the_launchers_command(
+    runs: dict[str, tuple[int, str, str]],
+) -> None:
+    """The plan's vLLM config is made from the launcher's own `vllm serve` arguments
+    (launch.vllm_command), EXTRA_ARGS included: vLLM counts its capacity at the context the
+    server will have, EXTRA_ARGS' 65,536 tokens, not MAX_MODEL_LEN's 262,144."""
+    plans = {}
+    for name in ("bf16-head", "extra-args"):
+        status, out, err = runs[name]
+        assert status == 0, err[-3000:]
+        plans[name] = json.loads(out)["kv"]
+    plain, extra = plans["bf16-head"], plans["extra-args"]
+    assert plain["max_concurrency"] == pytest.approx(plain["pool_tokens"] / 262144, rel=1e-3)
+    assert extra["max_concurrency"] == pytest.approx(extra["pool_tokens"] / 65536, rel=1e-3)
+    assert extra["max_concurrency"] > 2 * plain["max_concurrency"]
 
 
 def test_plan_counts_the_cudagraph_estimate_and_works_without_a_gpu(

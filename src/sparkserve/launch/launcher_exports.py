@@ -37,18 +37,10 @@ from sparkserve.launch.cluster_layout import check_layout
 from sparkserve.launch.launch_plan import LaunchPlan
 from sparkserve.launch.settings import Settings, check_budget, check_recipe_fits, resolve_settings
 from sparkserve.launch.shell import Value, records
+from sparkserve.launch.versions import installed_vllm
 from sparkserve.launch.vllm_command import vllm_command
 from sparkserve.memory.checkpoint import CheckpointError, is_hybrid, locate, read_config
 from sparkserve.memory.host import GIB, read_meminfo
-from sparkserve.patching.engine import PatchError
-from sparkserve.patching.vllm_install import locate as locate_vllm
-
-
-def installed_vllm() -> str:
-    try:
-        return locate_vllm(None).version
-    except PatchError:
-        return "unknown"
 
 
 def checked_settings(

@@ -19,3 +19,15 @@ def parse_release(text: str) -> tuple[int, ...]:
     if match is None:
         raise ValueError(f"not a release number: {text!r}")
     return tuple(int(part) for part in match.group(1).split("."))
+
+
+def installed_vllm() -> str:
+    """The release of the vLLM this Python would import (read from its files, not imported),
+    or "unknown"."""
+    from sparkserve.patching.engine import PatchError
+    from sparkserve.patching.vllm_install import locate
+
+    try:
+        return locate(None).version
+    except PatchError:
+        return "unknown"

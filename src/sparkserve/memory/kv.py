@@ -2,7 +2,8 @@
 
 The order mirrors the engine core's `EngineCore._initialize_kv_caches` (v1/engine/core.py):
 
-1. `EngineArgs(...).create_engine_config()` from config.json alone (no weights, no tokenizer).
+1. `EngineArgs(...).create_engine_config()` from config.json alone (no weights, no tokenizer),
+   the arguments parsed by `vllm serve`'s own parser from the launcher's command.
 2. The platform's block-size step: the backend's preferred block, then
    `Platform._align_hybrid_block_size` (platforms/interface.py; attention block grown until
    its page holds a Mamba state; Mamba page padded to the attention page; Mamba block equal to
@@ -77,6 +78,11 @@ class KvRequest:
     # Every dtype handed to vLLM (None: config.json's, by vLLM's rules on a Spark; see
     # sparkserve.memory.dtypes): left to "auto", vLLM would fill them from the environment.
     dtypes: Dtypes | None = None
+    # The server's `vllm serve` arguments (sparkserve.launch.vllm_command, the launcher's own
+    # function): the config is built from them, workarounds and EXTRA_ARGS included, and the
+    # sizes above (max_model_len to prefix_cache) are then theirs. Empty: a bare request (the
+    # tests' CPU plans), built from the fields alone.
+    serve_argv: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         # one meaning of "speculating": a method and tokens to draft, or neither (the plan
@@ -209,28 +215,62 @@ def import_vllm() -> tuple[str, str | None]:
     return str(vllm.__version__), note
 
 
-def _engine_config(req: KvRequest) -> Any:
+def _serve_parser() -> Any:
+    """`vllm serve`'s own argument parser (0.33 moved it from entrypoints/launchers)."""
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+    try:
+        from vllm.entrypoints.common.cli_args import make_arg_parser
+    except ImportError:  # 0.32
+        from vllm.entrypoints.launchers.cli_args import make_arg_parser
+    return make_arg_parser(FlexibleArgumentParser())
+
+
+def _engine_args(req: KvRequest) -> Any:
+    """The server's engine arguments: its `vllm serve` command through vLLM's own parser when
+    the request has it (workarounds, the drafter's fields and EXTRA_ARGS included), else vLLM's
+    defaults; then what the plan decides itself (below)."""
     from vllm.engine.arg_utils import EngineArgs
 
+    if req.serve_argv:
+        # the checkpoint's folder for its name: vLLM resolves a name in the Hub's cache as
+        # the arguments are made, and a plan needs no weights there
+        argv = list(req.serve_argv)
+        for index, word in enumerate(argv[:-1]):
+            if word == "--model":
+                argv[index + 1] = str(req.target)
+        args = EngineArgs.from_cli_args(_serve_parser().parse_args(argv))
+        args.reasoning_parser = ""  # reads the tokenizer, which a plan does not load
+    else:
+        args = EngineArgs(
+            model=str(req.target),
+            max_model_len=req.max_model_len,
+            max_num_seqs=req.max_num_seqs,
+            max_num_batched_tokens=req.max_batched_tokens,
+            enable_prefix_caching=req.prefix_cache,
+        )
+    known = {f.name for f in dataclasses.fields(args)}
     speculative: dict[str, Any] | None = None
     if req.spec_method is not None:
-        speculative = {"method": req.spec_method, "num_speculative_tokens": req.num_spec_tokens}
+        served = args.speculative_config if isinstance(args.speculative_config, dict) else {}
+        if served.get("method") != req.spec_method:
+            served = {}  # the plan's --method differs from the launcher's drafter
+        speculative = {
+            **served,
+            "method": req.spec_method,
+            "num_speculative_tokens": req.num_spec_tokens,
+        }
         if req.spec_method == "dflash":
             if req.drafter is None:
                 raise GeometryError("DFlash needs the drafter's config.json (--drafter)")
-            speculative["model"] = str(req.drafter)
-    args = EngineArgs(
-        model=str(req.target),
-        skip_tokenizer_init=True,
-        load_format="dummy",
-        max_model_len=req.max_model_len,
-        max_num_seqs=req.max_num_seqs,
-        max_num_batched_tokens=req.max_batched_tokens,
-        enable_prefix_caching=req.prefix_cache,
-        speculative_config=speculative,
-        kv_cache_memory_bytes=req.kv_bytes,
-    )
-    known = {f.name for f in dataclasses.fields(args)}
+            speculative["model"] = str(req.drafter)  # the checkpoint's folder, not its name
+    # the checkpoint's folder and no weights; the KV memory the plan gave this node (the
+    # server's sizes and switches are its command's, EXTRA_ARGS last, as vLLM reads them)
+    args.model = str(req.target)
+    args.skip_tokenizer_init = True
+    args.load_format = "dummy"
+    args.speculative_config = speculative
+    args.kv_cache_memory_bytes = req.kv_bytes
     for name, value in req.resolved_dtypes().engine_args().items():
         if name in known:
             setattr(args, name, value)
@@ -241,9 +281,13 @@ def _engine_config(req: KvRequest) -> Any:
         args.node_rank = 0
         args.master_addr = "127.0.0.1"  # never contacted: only the config is built
         args.distributed_executor_backend = "mp"
-    if req.prefix_cache and "mamba_cache_mode" in known:
-        args.mamba_cache_mode = "align"  # 0.33 derives it; releases before need the flag
-    return args.create_engine_config()
+    if not req.serve_argv and req.prefix_cache and "mamba_cache_mode" in known:
+        args.mamba_cache_mode = "align"  # a bare request: 0.33 derives it, 0.32 needs the flag
+    return args
+
+
+def _engine_config(req: KvRequest) -> Any:
+    return _engine_args(req).create_engine_config()
 
 
 def _align_blocks(config: Any, req: KvRequest) -> type:

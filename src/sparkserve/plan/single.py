@@ -31,11 +31,14 @@ from sparkserve.command_line import (
 )
 from sparkserve.knobs.registry import KnobError
 from sparkserve.launch.settings import Settings, resolve_settings
+from sparkserve.launch.versions import installed_vllm
+from sparkserve.launch.vllm_command import vllm_command
 from sparkserve.memory.budget import largest_gpu_mem
 from sparkserve.memory.checkpoint import (
     CheckpointError,
     Weights,
     hf_home,
+    is_hybrid,
     locate,
     read_config,
     text_config,
@@ -272,6 +275,8 @@ def kv_request(args: argparse.Namespace, sources: Sources, kv_bytes: int) -> KvR
         backend=backend,
         mamba_checkpoint_blocks=args.mamba_checkpoint_blocks,
         dtypes=sources.dtypes,
+        # the launcher's own command for these settings, workarounds included
+        serve_argv=vllm_command(settings, installed_vllm(), is_hybrid(sources.config)).argv,
     )
 
 
