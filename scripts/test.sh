@@ -13,26 +13,14 @@ if [[ "${1:-}" == --quick ]]; then
 fi
 
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-# shellcheck source=scripts/lib/venv.sh
-source "${REPO}/scripts/lib/venv.sh"
-# shellcheck source=scripts/lib/installers.sh
-source "${REPO}/scripts/lib/installers.sh"
+# shellcheck source=scripts/lib/suite.sh
+source "${REPO}/scripts/lib/suite.sh"
 # shellcheck source=scripts/lib/cpu_serve_venv.sh
 source "${REPO}/scripts/lib/cpu_serve_venv.sh"
 # shellcheck source=scripts/lib/hub_mirror_venv.sh
 source "${REPO}/scripts/lib/hub_mirror_venv.sh"
 # shellcheck source=scripts/lib/api_fuzz_venv.sh
 source "${REPO}/scripts/lib/api_fuzz_venv.sh"
-# shellcheck source=scripts/lib/containers.sh
-source "${REPO}/scripts/lib/containers.sh"
-# shellcheck source=scripts/lib/system_packages.sh
-source "${REPO}/scripts/lib/system_packages.sh"
-# shellcheck source=scripts/lib/docker_engine.sh
-source "${REPO}/scripts/lib/docker_engine.sh"
-set -a
-# shellcheck source=versions.env
-source "${REPO}/versions.env"
-set +a
 
 # A requirement changed without its lock: say so before building anything from the old lock.
 if ! python3 "${SPARKSERVE_LOCKS_PY}" stale >&2; then

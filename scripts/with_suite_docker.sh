@@ -7,20 +7,8 @@
 set -euo pipefail
 
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-# shellcheck source=scripts/lib/venv.sh
-source "${REPO}/scripts/lib/venv.sh"
-# shellcheck source=scripts/lib/installers.sh
-source "${REPO}/scripts/lib/installers.sh"
-# shellcheck source=scripts/lib/containers.sh
-source "${REPO}/scripts/lib/containers.sh"
-# shellcheck source=scripts/lib/system_packages.sh
-source "${REPO}/scripts/lib/system_packages.sh"
-# shellcheck source=scripts/lib/docker_engine.sh
-source "${REPO}/scripts/lib/docker_engine.sh"
-set -a
-# shellcheck source=versions.env
-source "${REPO}/versions.env"
-set +a
+# shellcheck source=scripts/lib/suite.sh
+source "${REPO}/scripts/lib/suite.sh"
 
 (($# > 0)) || { echo "usage: $0 COMMAND [ARGS...]" >&2; exit 2; }
 PYTHON="${SPARKSERVE_PYTHON:-$(command -v python3.11 || command -v python3)}"
