@@ -3,6 +3,8 @@ once; the second reads that plan and the target's config.json, and nothing else.
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from sparkserve.launch.launch_plan import LaunchPlan
@@ -58,6 +60,12 @@ def test_an_unreadable_plan_is_one_line_exit_2_and_no_variables(
 
 def test_a_plan_for_other_knobs_is_refused(capsys: pytest.CaptureFixture[str]) -> None:
     """A plan of one launcher handed over as another's (mtp reads no DRAFT_MODEL)."""
-    plan = _plan().replace('"launcher":"mtp"', '"launcher":"dflash"', 1)
-    assert main_command(plan, "serve.sh") == 2
-    assert "not one for a launcher's knobs" in capsys.readouterr().err
+    plan = _plan()
+    for foreign in (
+        plan.replace('"launcher":"mtp"', '"launcher":"dflash"', 1),
+        json.dumps({**json.loads(plan), "text": sorted(json.loads(plan)["text"])}),
+        plan.replace('"image":"spark"', '"image":"gpu"', 1),
+    ):
+        assert foreign != plan
+        assert main_command(foreign, "serve.sh") == 2
+        assert "the launch plan on standard input" in capsys.readouterr().err

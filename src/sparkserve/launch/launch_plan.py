@@ -75,11 +75,12 @@ class LaunchPlan:
             plan = cls(**data)
         except (ValueError, TypeError, KeyError, AttributeError) as error:
             raise PlanError(f"the launch plan on standard input is unreadable ({error})") from None
-        names = (
-            {knob.name for knob in knobs_for(plan.launcher)} if plan.launcher in LAUNCHERS else ()
-        )
+        known = plan.launcher in LAUNCHERS and plan.image in IMAGES
+        names = {knob.name for knob in knobs_for(plan.launcher)} if known else set()
         if (
-            plan.image not in IMAGES
+            not known
+            or not isinstance(plan.text, dict)
+            or not isinstance(plan.layer, dict)
             or set(plan.text) != names
             or set(plan.layer) != names
             or not set(plan.layer.values()) <= set(LAYERS)
