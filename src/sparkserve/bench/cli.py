@@ -25,6 +25,7 @@ from sparkserve.bench.run import Bench, BenchConfig
 from sparkserve.client import tool
 from sparkserve.client.tool import UsageError, say
 from sparkserve.command_line import EXIT_OK, NumberOption
+from sparkserve.launch.settings import tool_settings
 from sparkserve.stress.bank import parse_bank
 
 INF = math.inf
@@ -58,11 +59,12 @@ def parse_kinds(text: str) -> tuple[str, ...]:
 
 def _run(args: argparse.Namespace, env: Mapping[str, str]) -> int:
     kinds = parse_kinds(args.kinds)
+    settings = tool_settings(env)
     if args.concurrency is not None:
         levels = parse_bank(args.concurrency, "--concurrency")
     else:
-        levels = list(range(1, tool.max_num_seqs(args, env) + 1))
-    server, info = tool.connect(args, env)
+        levels = list(range(1, tool.max_num_seqs(args, settings) + 1))
+    server, info = tool.connect(args, settings)
     if info.max_model_len is not None:
         need = max(args.prefix_tokens + 64, 1024 + args.gen_tokens)
         if need > info.max_model_len:

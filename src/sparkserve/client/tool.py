@@ -20,7 +20,7 @@ from sparkserve.client.server import PreflightError, Server, ServerInfo
 from sparkserve.command_line import UsageError
 from sparkserve.knobs.registry import KnobError
 from sparkserve.launch.dotenv import DotenvError, with_dotenv
-from sparkserve.launch.settings import tool_settings
+from sparkserve.launch.settings import Settings
 
 
 class RunAborted(RuntimeError):
@@ -96,16 +96,16 @@ class LoadCommand:
             return cl.fail(self.prog, exc, cl.EXIT_BAD_INPUT)
 
 
-def max_num_seqs(args: argparse.Namespace, env: Mapping[str, str]) -> int:
-    return int(args.max_num_seqs or tool_settings(env).values.MAX_NUM_SEQS)
+def max_num_seqs(args: argparse.Namespace, settings: Settings) -> int:
+    return int(args.max_num_seqs or settings.values.MAX_NUM_SEQS)
 
 
 def connect(
-    args: argparse.Namespace, env: Mapping[str, str], pool_tokens: int | None = None
+    args: argparse.Namespace, settings: Settings, pool_tokens: int | None = None
 ) -> tuple[Server, ServerInfo]:
     """The server of --url (else the PORT knob) with the API_KEY knob, checked: it answers and
-    serves the model of --model (else $SERVED_MODEL_NAME if set, else its only one)."""
-    settings = tool_settings(env)
+    serves the model of --model (else $SERVED_MODEL_NAME if set, else its only one).
+    `settings`: the tool's (launch.settings.tool_settings), resolved once per run."""
     url = args.url or f"http://127.0.0.1:{settings['PORT']}"
     server = Server(url, settings["API_KEY"], args.request_timeout)
     model = args.model

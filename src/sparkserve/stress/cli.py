@@ -86,15 +86,16 @@ def _pool_from_log(path: Path) -> int:
 
 def _run(args: argparse.Namespace, env: Mapping[str, str]) -> int:
     # Everything is checked before any load.
+    settings = tool_settings(env)
     reserve = args.os_reserve_gb
     if reserve is None:
-        reserve = tool_settings(env).values.OS_RESERVE_GB
-    seqs = tool.max_num_seqs(args, env)
+        reserve = settings.values.OS_RESERVE_GB
+    seqs = tool.max_num_seqs(args, settings)
     bank = parse_bank(args.bank) if args.bank is not None else default_bank(seqs)
     pool = args.pool_tokens
     if pool is None and args.server_log is not None:
         pool = _pool_from_log(args.server_log)
-    server, info = tool.connect(args, env, pool)
+    server, info = tool.connect(args, settings, pool)
     phases = size_phases(
         bank,
         pool_tokens=info.pool_tokens,

@@ -35,7 +35,7 @@ from sparkserve.client import tool
 from sparkserve.client.server import Server, ServerError
 from sparkserve.client.tool import RunAborted, UsageError, say
 from sparkserve.knobs.registry import BY_NAME
-from sparkserve.launch.settings import tool_settings
+from sparkserve.launch.settings import Settings, tool_settings
 from sparkserve.stress.bank import parse_bank
 
 DIST = "llama-benchy"
@@ -109,9 +109,8 @@ def chosen_profile(args: argparse.Namespace) -> Profile:
     return profile.with_overrides(depths, levels, args.runs)
 
 
-def _knobs(env: Mapping[str, str]) -> tuple[dict[str, str], str, str]:
+def _knobs(settings: Settings) -> tuple[dict[str, str], str, str]:
     """The knobs the tool read (secrets left out), the image and the recipe."""
-    settings = tool_settings(env)
     shown = {k: v for k, v in settings.text.items() if not BY_NAME[k].secret}
     return shown, settings.image, settings["RECIPE"]
 
@@ -119,7 +118,8 @@ def _knobs(env: Mapping[str, str]) -> tuple[dict[str, str], str, str]:
 def _run(args: argparse.Namespace, env: Mapping[str, str]) -> int:
     profile = chosen_profile(args)
     version = installed_version()
-    server, info = tool.connect(args, env)
+    settings = tool_settings(env)
+    server, info = tool.connect(args, settings)
     need = profile.tokens_needed() + TEMPLATE_MARGIN
     if info.max_model_len is not None and need > info.max_model_len:
         deepest = info.max_model_len - need + max(profile.depths)
@@ -129,10 +129,10 @@ def _run(args: argparse.Namespace, env: Mapping[str, str]) -> int:
             f"{info.max_model_len} (pass --depths up to {deepest})"
         )
     tokenizer = tokenizer_of(server, info.model, args.tokenizer)
-    knobs, image, recipe = _knobs(env)
+    knobs, image, recipe = _knobs(settings)
     out = tool.output_folder(args.out, "llama-benchy")
     out.mkdir(parents=True, exist_ok=True)
-    seats = tool.max_num_seqs(args, env)
+    seats = tool.max_num_seqs(args, settings)
     if max(profile.concurrency) > seats:
         say(f"[llama-benchy] concurrency above MAX_NUM_SEQS {seats} waits in vLLM's queue")
     with tempfile.TemporaryDirectory(prefix="sparkserve-benchy-") as home:
