@@ -112,26 +112,29 @@ def _raise(signum: int, _frame: FrameType | None) -> None:
 @contextmanager
 def interruptible() -> Iterator[None]:
     """SIGINT and SIGTERM raise Interrupted inside the block."""
-    previous = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
-    for s in previous:
-        signal.signal(s, _raise)
-    try:
+    with _stops_handled_by(_raise):
         yield
-    finally:
-        for s, handler in previous.items():
-            signal.signal(s, handler)
 
 
 @contextmanager
 def ignoring_signals() -> Iterator[None]:
+    """SIGINT and SIGTERM are ignored inside the block (a restart that must not be cut)."""
+    with _stops_handled_by(signal.SIG_IGN):
+        yield
+
+
+@contextmanager
+def _stops_handled_by(
+    handler: Callable[[int, FrameType | None], None] | signal.Handlers,
+) -> Iterator[None]:
     previous = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
     for s in previous:
-        signal.signal(s, signal.SIG_IGN)
+        signal.signal(s, handler)
     try:
         yield
     finally:
-        for s, handler in previous.items():
-            signal.signal(s, handler)
+        for s, old in previous.items():
+            signal.signal(s, old)
 
 
 def knob_lines(changes: Mapping[str, str]) -> str:
