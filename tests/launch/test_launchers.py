@@ -18,6 +18,7 @@ from sparkserve.launch.versions import parse_release
 from sparkserve.launch.vllm_command import EXTENSIBLE_KV_CACHE_FROM
 from support import vllm_release
 from support.cpu_launch import LAUNCHERS
+from support.dry_runs import RECORD, dry_runs
 from support.geometry import write_geometry_models
 from support.launcher_runs import CHECKER, dry_run_argv, launcher_env, run_launcher, sentinel_bin
 
@@ -386,3 +387,15 @@ def test_dflash_across_pipeline_stages_is_refused_in_one_line() -> None:
 def test_one_node_has_no_cluster_arguments() -> None:
     argv = dry_run_argv("dflash", launcher_env(CLUSTER_IFACE="nonesuch"))
     assert not {"--nnodes", "--headless", "--tensor-parallel-size"} & set(argv)
+
+
+def test_every_dry_run_is_the_recorded_one() -> None:
+    """Each launcher x image x recipe, and the knobs users set most, prints the exact start
+    recorded in tests/launch/data/dry_runs.json (recorded before the launch plan's refactor:
+    it changed none of them). A change here is a change to what starts: record it on purpose
+    (`python tests/support/dry_runs.py`) and say why in the commit."""
+    recorded = json.loads(RECORD.read_text())
+    now = dry_runs()
+    assert set(now) == set(recorded), "the cases changed: record them again"
+    for case, output in now.items():
+        assert output == recorded[case], case
