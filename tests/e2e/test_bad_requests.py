@@ -2,7 +2,7 @@
 the cases users hit, each answered with a 4xx (or, for a body vLLM may ignore, no 5xx), then a
 bounded schemathesis run over the server's own OpenAPI document that must find no 5xx. After
 each case the server must still be healthy and answer a normal request: a request that kills
-the engine or gets a 5xx is a finding (docs/FINDINGS.md, section 22)."""
+the engine or gets a 5xx is a finding (docs/FINDINGS.md, "Proof tools")."""
 
 from __future__ import annotations
 

@@ -68,9 +68,9 @@ What Docker here shows about a Spark, and what it cannot:
   - a refusal under the restart policy: the fetch service has `restart: "no"`, so a bad knob
     stops `up` at once; a server that refuses (exit 2 or 3) is restarted by Docker with its
     growing delay (0.1 s doubling to one start a minute) and says why once; benchmarks/
-    refusal_restarts.py measures that over minutes against the alternatives (docs/FINDINGS.md
-    section 17: staying up instead would show `Up (health: starting)` for the whole start
-    period and keep `up --wait` waiting).
+    refusal_restarts.py measures that over minutes against the alternatives (docs/FINDINGS.md,
+    "Docker: crash, reboot, refusal, stop, drain": staying up instead would show `Up (health:
+    starting)` for the whole start period and keep `up --wait` waiting).
   - a "reboot" here is dockerd stopped (SIGTERM: it stops the containers) and started on the
     same data root; a Spark's reboot also restarts containerd, the NVIDIA runtime and the
     GPU driver, and boots the host, none of which this shows. The crash is a SIGKILL from

@@ -36,8 +36,8 @@ def test_a_divergence_from_a_clear_choice_fails() -> None:
         assert margin > CLEAR_MARGIN and result.detail.startswith(f"prompt 1: token {token},")
 
 
-# vLLM 0.33.0's lines on the H200 (FINDINGS 27): the Spark geometry with its DFlash drafter,
-# then without a drafter
+# vLLM 0.33.0's lines on the H200 (docs/data/runs/2026-12-04-selftest-h200.md): the Spark
+# geometry with its DFlash drafter, then without a drafter
 DFLASH_LOG = """(EngineCore pid=2042) INFO 12-04 17:55:58 [kv_cache_utils.py:865] kv cache group sizes (2240, 2240, 2240, 4480, 2240, 2240, 2240)
 (EngineCore pid=2042) INFO 12-04 17:55:58 [kv_cache_utils.py:866] kv lcm block sizes 4480
 """  # noqa: E501

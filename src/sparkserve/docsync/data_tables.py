@@ -158,7 +158,7 @@ def lmhead_summary(repo: Path) -> list[str]:
         "there.",
         f"- The `rows` layout on the same inputs: {f['rows_upto_16']}x up to M = 16, "
         f"{f['rows_26']}x, {f['rows_39']}x and {f['rows_64']}x at 26, 39 and 64 (at 26 the "
-        "low end is the Triton 3.8 run: FINDINGS section 3).",
+        'low end is the Triton 3.8 run: docs/FINDINGS.md, "The int8 lm-head").',
     ]
     return [line for bullet in bullets for line in _wrap(bullet, bullet=True)]
 
