@@ -50,6 +50,7 @@ from sparkserve.plan.single import (
     active_bytes,
     assumption_rows,
     ceilings,
+    input_value,
     kv_request,
     machine_memory,
     model_rows,
@@ -248,7 +249,7 @@ def pair_ceiling(plan: PairPlan, bandwidth_gbs: float) -> dict[str, float]:
     after the other with pp) plus the link's seconds; also without the link."""
     if any(node.active_bytes is None or node.kv is None for node in plan.nodes):
         return {}
-    length = int(plan.inputs["MAX_MODEL_LEN"])
+    length = input_value(plan.inputs, "MAX_MODEL_LEN")
     short = [float(node.active_bytes or 0) + node.kv.state_bytes for node in plan.nodes if node.kv]
     full = [
         s + node.kv.attention_bytes_per_token * length
@@ -304,7 +305,7 @@ def _sharding_line(plan: PairPlan) -> str:
 
 
 def _lmhead_line(plan: PairPlan) -> str:
-    if plan.inputs["SPARK_KEEP_BF16_LMHEAD"] == "1":
+    if input_value(plan.inputs, "SPARK_KEEP_BF16_LMHEAD"):
         return "kept in bf16 (SPARK_KEEP_BF16_LMHEAD=1): nothing given back"
     if plan.split.tied:
         return "nothing given back: the head is tied to the embedding (the plugin skips it)"

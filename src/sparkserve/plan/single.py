@@ -29,7 +29,7 @@ from sparkserve.command_line import (
     UsageError,
     fail,
 )
-from sparkserve.knobs.registry import KnobError
+from sparkserve.knobs.registry import BY_NAME, KnobError
 from sparkserve.launch.settings import Settings, resolve_settings
 from sparkserve.launch.versions import installed_vllm
 from sparkserve.launch.vllm_command import vllm_command
@@ -380,7 +380,7 @@ def _decode_ceiling(plan: Plan, kv: KvGeometry, bandwidth_gbs: float) -> dict[st
     """tok/s <= bandwidth / bytes read per decoded token (one stream, no speculation)."""
     if plan.active_bytes is None:
         return {}
-    length = int(plan.inputs["MAX_MODEL_LEN"])
+    length = input_value(plan.inputs, "MAX_MODEL_LEN")
     short = plan.active_bytes + kv.state_bytes
     full = short + kv.attention_bytes_per_token * length
     return ceilings(bandwidth_gbs, lambda rate: rate / short, lambda rate: rate / full)
@@ -406,12 +406,17 @@ def ceilings(
 # ---------------------------------------------------------------- output
 
 
+def input_value(plan_inputs: Mapping[str, Any], name: str) -> Any:
+    """A knob the plan read, as its type (the registry's rule), from the plan's "inputs"."""
+    return BY_NAME[name].value(plan_inputs[name])
+
+
 def _g(value: float) -> str:
     return f"{value / GIB:.2f} GiB"
 
 
 def _lmhead_line(plan: Plan) -> str:
-    if plan.inputs["SPARK_KEEP_BF16_LMHEAD"] == "1":
+    if input_value(plan.inputs, "SPARK_KEEP_BF16_LMHEAD"):
         return "kept in bf16 (SPARK_KEEP_BF16_LMHEAD=1): nothing given back"
     if not plan.lmhead_reclaim_bytes:
         return "nothing given back: the head is tied to the embedding (the plugin skips it)"
@@ -422,7 +427,7 @@ def _lmhead_line(plan: Plan) -> str:
 
 
 def _cudagraph_line(plan: Plan) -> str:
-    if plan.inputs["VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS"] == "0":
+    if not input_value(plan.inputs, "VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS"):
         return "off (VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS=0): nothing charged"
     if plan.inputs["platform"] != "cuda":
         return "on, but no CUDA graphs on this platform: nothing charged"
