@@ -174,10 +174,11 @@ check_guard_record() {
   refuse 3 "${line}"
 }
 
-# fetch_models: download what the cache lacks before vLLM starts (sparkserve fetch); a
-# failure is one line and exit 4, and nothing starts.
+# fetch_models: download what the cache lacks before vLLM starts (sparkserve fetch, which
+# reads the launch plan on a pipe: the checkpoints of these settings); a failure is one line
+# and exit 4, and nothing starts.
 fetch_models() {
-  "${FETCH_ARGS[@]}" || exit 4
+  "${FETCH_ARGS[@]}" <<< "${LAUNCH_PLAN}" || exit 4
 }
 
 # start_guard: the memory guard, in the background, next to the vLLM we are about to become;

@@ -391,9 +391,10 @@ def test_one_node_has_no_cluster_arguments() -> None:
 
 def test_every_dry_run_is_the_recorded_one() -> None:
     """Each launcher x image x recipe, and the knobs users set most, prints the exact start
-    recorded in tests/launch/data/dry_runs.json (recorded before the launch plan's refactor:
-    it changed none of them). A change here is a change to what starts: record it on purpose
-    (`python tests/support/dry_runs.py`) and say why in the commit."""
+    recorded in tests/launch/data/dry_runs.json (first recorded at 0159394, before the launch
+    plan's refactor; since then only the fetch line changed, by its --plan-on-stdin). A change
+    here is a change to what starts: record it on purpose (`python tests/support/dry_runs.py`)
+    and say why in the commit."""
     recorded = json.loads(RECORD.read_text())
     now = dry_runs()
     assert set(now) == set(recorded), "the cases changed: record them again"

@@ -39,6 +39,7 @@ from sparkserve.fetch.cache import (
 )
 from sparkserve.fetch.progress import Progress, human
 from sparkserve.knobs.registry import LAUNCHERS, KnobError, Launcher
+from sparkserve.launch.launch_plan import LaunchPlan
 from sparkserve.launch.settings import Settings, resolve_settings
 
 EXIT_BAD_KNOB = 2
@@ -318,9 +319,16 @@ def _fetch_repo(item: Wanted, hf_home: Path, offline: bool, record: Record, prog
     return f"{item.knob} {item.ref}: {got / 2**20:.1f} MiB downloaded, complete ({snapshot})"
 
 
-def run_fetch(env: Mapping[str, str], launcher: Launcher, prog: str) -> int:
+def run_fetch(
+    env: Mapping[str, str], launcher: Launcher, prog: str, plan_json: str | None = None
+) -> int:
+    """The checkpoints of `launcher`'s settings from `env`, or, for a launcher's start, of the
+    launch plan its first step made (`plan_json`: the settings are not resolved again)."""
     try:
-        settings = resolve_settings(env, launcher)
+        if plan_json is not None:
+            settings = LaunchPlan.from_json(plan_json).settings()
+        else:
+            settings = resolve_settings(env, launcher)
     except KnobError as error:
         print(f"{prog}: {error}", file=sys.stderr)
         return EXIT_BAD_KNOB
@@ -340,7 +348,8 @@ def run_fetch(env: Mapping[str, str], launcher: Launcher, prog: str) -> int:
 
 
 def _run(args: argparse.Namespace) -> int:
-    return run_fetch(os.environ, args.launcher, args.prog)
+    plan = sys.stdin.read() if args.plan_on_stdin else None
+    return run_fetch(os.environ, args.launcher, args.prog, plan)
 
 
 def add_command(commands: argparse._SubParsersAction) -> None:
@@ -354,4 +363,9 @@ def add_command(commands: argparse._SubParsersAction) -> None:
         help="whose checkpoints: dflash (target and drafter) or mtp (target)",
     )
     parser.add_argument("--prog", default="sparkserve fetch", help="name to put on log lines")
+    parser.add_argument(
+        "--plan-on-stdin",
+        action="store_true",
+        help="the launchers' own: the launch plan `knobs resolve` made comes on stdin",
+    )
     parser.set_defaults(run=_run)

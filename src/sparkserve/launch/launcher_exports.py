@@ -93,6 +93,7 @@ def resolve_exports(
         "FETCH_ARGS": [
             "env", f"HF_HUB_OFFLINE={settings['HF_OFFLINE']}", "python3", "-m", "sparkserve",
             "fetch", "--launcher", launcher, "--prog", LAUNCHER_SCRIPTS[launcher],
+            "--plan-on-stdin",
         ],
         "GUARD_ARGS": guard_args(settings, pid),
         "WATCH_ARGS": watch_args(settings, pid, address, state_file),
