@@ -194,7 +194,7 @@ def main(argv: list[str] | None = None) -> int:
         try:
             ready = server.wait_healthy(timeout_s=300)
             assert server.proc is not None and server.env is not None
-            seqs = tool_settings(server.env).integer("MAX_NUM_SEQS")
+            seqs = tool_settings(server.env).values.MAX_NUM_SEQS
             plan = SoakPlan(
                 clients=args.clients or 5 * seqs, duration_s=args.duration_s,
                 request_timeout_s=args.request_timeout_s, sample_s=args.sample_s,

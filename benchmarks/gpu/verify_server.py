@@ -26,6 +26,7 @@ import urllib.request
 from pathlib import Path
 
 from sparkserve.knobs.registry import BY_NAME
+from sparkserve.memory.checkpoint import hf_home
 from sparkserve.recipes import launcher_dir
 from sparkserve.selftest import cases
 from sparkserve.selftest.models import keep_models, models_home
@@ -51,8 +52,7 @@ def main() -> int:
     parser.add_argument("--timeout-s", type=float, default=900.0)
     args = parser.parse_args()
     recipe = os.environ.get("RECIPE") or BY_NAME["RECIPE"].default
-    hf_home = Path(os.environ.get("HF_HOME") or Path.home() / ".cache" / "huggingface")
-    models = keep_models(models_home(hf_home, recipe, args.layers), recipe, args.layers)
+    models = keep_models(models_home(hf_home(), recipe, args.layers), recipe, args.layers)
     say(f"{recipe}: {models.layers} of {models.full_layers} layers, vocab {models.vocab}, "
         f"no weights: {models.target.parent}")  # fmt: skip
     case = cases.CASES["dflash"]
