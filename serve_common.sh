@@ -144,15 +144,18 @@ print_dry_run() {
   printf 'exec: vllm serve %s\n' "${VLLM_ARGS[*]@Q}"
 }
 
-# check_guard_record: after the memory guard stopped vLLM it leaves a record on the model-cache
-# volume; refuse to start (exit 3, at once: no model load, no memory taken) until a container
-# created with GUARD_RESUME=1 starts. Only that container's first start may clear a record:
-# it leaves a mark in the container's own filesystem (SPARKSERVE_STATE_DIR), so a restart of
-# the same container, with the same environment, never clears a record written later.
+# check_guard_record [look]: after the memory guard stopped vLLM it leaves a record on the
+# model-cache volume; refuse to start (exit 3, at once: no model load, no memory taken) until a
+# container created with GUARD_RESUME=1 starts. Only that container's first start may clear a
+# record: it leaves a mark in the container's own filesystem (SPARKSERVE_STATE_DIR), so a
+# restart of the same container, with the same environment, never clears a record written
+# later. `look` (the strict dry run) refuses alike and changes nothing: a new container with
+# GUARD_RESUME=1 would clear the record, so that passes.
 check_guard_record() {
-  local record="${GUARD_MARKER}"
+  local record="${GUARD_MARKER}" mode="${1:-start}"
   local spent="${SPARKSERVE_STATE_DIR:-${TMPDIR:-/tmp}}/guard-resume-spent"
   if [[ "${GUARD_RESUME}" == 1 && ! -e "${spent}" ]]; then
+    [[ "${mode}" == look ]] && return 0
     mkdir -p -- "$(dirname -- "${spent}")"
     : > "${spent}"
     if [[ -f "${record}" ]]; then
@@ -179,6 +182,12 @@ check_guard_record() {
 # and exit 4, and nothing starts.
 fetch_models() {
   "${FETCH_ARGS[@]}" <<< "${LAUNCH_PLAN}" || exit 4
+}
+
+# check_models: the strict dry run's fetch: every refusal the fetch would make (the checkpoints
+# whole in the cache, or on the Hub with the token and room on the disk), nothing downloaded.
+check_models() {
+  "${FETCH_ARGS[@]}" --check <<< "${LAUNCH_PLAN}" || exit 4
 }
 
 # start_guard: the memory guard, in the background, next to the vLLM we are about to become;
@@ -215,6 +224,17 @@ serve() {
   if [[ "${DRY_RUN}" == 1 ]]; then
     vllm_command
     print_dry_run
+    exit 0
+  fi
+  # DRY_RUN=strict: the start's own steps up to serving, each refusing as a start does, and
+  # nothing changed (scripts/up.sh runs it before Compose touches the running server).
+  if [[ "${DRY_RUN}" == strict ]]; then
+    check_guard_record look
+    check_models
+    vllm_command
+    print_dry_run
+    printf '%s: strict dry run: a start with these settings passes every check on this machine\n' \
+      "${PROG}" >&2
     exit 0
   fi
   # 2. Refuse after a memory guard stop; put the checkpoints into the cache.

@@ -1,9 +1,14 @@
 #!/usr/bin/env bash
-# up.sh: `docker compose up -d` for a changed setting, with the new settings checked first by
-# the launcher itself (DRY_RUN=1) in a throwaway container of each service (`compose run --rm
-# --no-deps`). A plain `up` recreates the running server before its *-fetch service can refuse
-# a bad value, and the API is gone; a refusal here touches no running container and ends with
-# the launcher's one line naming the knob.
+# up.sh: `docker compose up -d` for a changed setting, with every refusal a start would make run
+# first, by the launcher itself (DRY_RUN=strict), in a throwaway container of each service
+# (`compose run --rm --no-deps`: the service's image, environment, volumes and network, nothing
+# started beside it): the knobs' ranges, the memory budget and the recipe's fit on this machine,
+# the memory guard's record, and the checkpoints (whole in the cache, or on the Hub with the
+# token and room on the disk; nothing is downloaded). A refusal touches no running container,
+# exits with the launcher's status (2 a setting, 3 the guard's record, 4 a checkpoint) and ends
+# with its one line. Compose itself cannot do this: a plain `up -d` recreates (stops) the
+# running server before its *-fetch service or the new server can refuse (docs/FINDINGS.md,
+# "Docker: crash, reboot, refusal, stop, drain").
 # Usage: scripts/up.sh [--profile P] [-p NAME] [-f FILE] [--env-file FILE] [SERVICE...]
 #   (default SERVICE: sparkserve; Compose's own COMPOSE_* variables apply as to `docker compose`)
 set -euo pipefail
@@ -29,10 +34,10 @@ services=("$@")
 compose=(docker compose "${compose_options[@]}")
 
 for service in "${services[@]}"; do
-  printf '%s: %s: checking the settings (DRY_RUN=1, a container of its own)\n' \
+  printf '%s: %s: checking the start (DRY_RUN=strict, a container of its own)\n' \
     "${PROG}" "${service}" >&2
   status=0
-  said="$("${compose[@]}" run --rm --no-deps -e DRY_RUN=1 "${service}" 2>&1)" || status=$?
+  said="$("${compose[@]}" run --rm --no-deps -e DRY_RUN=strict "${service}" 2>&1)" || status=$?
   if (( status != 0 )); then
     printf '%s: %s: refused, nothing running was touched (exit %s); the launcher said:\n' \
       "${PROG}" "${service}" "${status}" >&2

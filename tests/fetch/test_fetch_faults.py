@@ -79,9 +79,11 @@ def start_fetch(hf_home: Path, endpoint: str, **knobs: str) -> subprocess.Popen[
     )  # fmt: skip
 
 
-def fetch(hf_home: Path, endpoint: str, **knobs: str) -> subprocess.CompletedProcess[str]:
+def fetch(
+    hf_home: Path, endpoint: str, *options: str, **knobs: str
+) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "sparkserve", "fetch", "--launcher", "mtp"],
+        [sys.executable, "-m", "sparkserve", "fetch", "--launcher", "mtp", *options],
         capture_output=True, text=True, timeout=120, env=fetch_env(hf_home, endpoint, **knobs),
     )  # fmt: skip
 
@@ -289,3 +291,39 @@ def test_a_repo_the_token_cannot_read_is_one_line(
         expected in line
     ), line
     assert token == "" or token not in done.stderr
+
+
+def test_the_check_asks_the_hub_and_measures_the_disk_but_downloads_nothing(
+    served: Served, small_disk: Callable[[str], Path]
+) -> None:
+    """`fetch --check` (the strict dry run's, before scripts/up.sh lets Compose touch the
+    running server): the Hub's answer and the disk's room refuse as the fetch would, and no
+    file is downloaded either way."""
+    hf_home = small_disk("2m") / "hf"
+    before = Counter(served.mirror.fetched())
+    short = fetch(hf_home, served.mirror.url, "--check")
+    assert short.returncode == 4, short.stderr
+    (line,) = our_lines(short.stderr)
+    assert line.startswith(f"sparkserve fetch: MODEL={TARGET}: needs "), line
+    assert "for the files still missing" in line, line
+
+    small_disk("16m")
+    room = fetch(hf_home, served.mirror.url, "--check")
+    assert room.returncode == 0, room.stderr
+    (line,) = our_lines(room.stderr)
+    assert re.fullmatch(
+        rf"sparkserve fetch: MODEL {TARGET}: {len(served.sizes)} file\(s\) of revision "
+        rf"{served.sha[:12]} to download \(\d+\.\d MiB\); the disk has room",
+        line,
+    ), line
+    gated = fetch(hf_home, served.mirror.url, "--check", MODEL=GATED)
+    assert gated.returncode == 4
+    (line,) = our_lines(gated.stderr)
+    assert line.startswith(f"sparkserve fetch: MODEL={GATED}: the Hub has no such repo"), line
+    assert Counter(served.mirror.fetched()) == before  # no file was asked for
+    assert not (hf_home / "hub" / ("models--" + TARGET.replace("/", "--")) / "blobs").exists()
+
+    assert fetch(hf_home, served.mirror.url).returncode == 0
+    whole = fetch(hf_home, served.mirror.url, "--check", HF_OFFLINE="1")
+    assert whole.returncode == 0, whole.stderr
+    assert "complete in the cache" in whole.stderr

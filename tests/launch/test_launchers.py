@@ -4,6 +4,7 @@ bad knob refused before anything starts."""
 from __future__ import annotations
 
 import json
+import re
 import shlex
 import subprocess
 import sys
@@ -400,3 +401,88 @@ def test_every_dry_run_is_the_recorded_one() -> None:
     assert set(now) == set(recorded), "the cases changed: record them again"
     for case, output in now.items():
         assert output == recorded[case], case
+
+
+def strict_env(tmp_path: Path, bin_dir: Path, **knobs: str) -> dict[str, str]:
+    """A launcher environment for DRY_RUN=strict with both checkpoints as local folders."""
+    env = launcher_env(DRY_RUN="strict", HF_HOME=str(tmp_path / "hf"), **knobs)
+    env["PATH"] = f"{bin_dir}:{env['PATH']}"
+    for knob in ("MODEL", "DRAFT_MODEL"):
+        if knob not in knobs:
+            (tmp_path / knob).mkdir(exist_ok=True)
+            env[knob] = str(tmp_path / knob)
+    return env
+
+
+@pytest.mark.parametrize("launcher", ["dflash", "mtp"])
+def test_the_strict_dry_run_is_the_start_without_serving(
+    launcher: str, sentinel_bin: tuple[Path, Path], tmp_path: Path
+) -> None:
+    """DRY_RUN=strict (what scripts/up.sh runs before Compose touches the running server): the
+    start's checks all pass, the command is DRY_RUN=1's to the letter, nothing is started,
+    nothing is written to the model cache."""
+    bin_dir, marker = sentinel_bin
+    env = strict_env(tmp_path, bin_dir)
+    done = run_launcher(launcher, env)
+    assert done.returncode == 0, done.stderr
+    name = LAUNCHERS[launcher].name
+    assert done.stderr.splitlines()[-1] == (
+        f"{name}: strict dry run: a start with these settings passes every check on this machine"
+    )
+    assert ": a local folder, nothing to fetch" in done.stderr
+    plain = run_launcher(launcher, {**env, "DRY_RUN": "1"})
+    assert plain.returncode == 0, plain.stderr
+    pid = re.compile(r"'--pid' '[0-9]+'")  # the guard watches each launcher's own PID
+    assert pid.sub("PID", done.stdout) == pid.sub("PID", plain.stdout)
+    assert "exec: vllm serve " in done.stdout
+    assert not marker.exists()
+    assert not (tmp_path / "hf").exists()
+
+
+def test_the_strict_dry_run_refuses_what_the_start_refuses(
+    sentinel_bin: tuple[Path, Path], tmp_path: Path
+) -> None:
+    """Each refusal a real start makes on this machine, with the start's status and one line,
+    where DRY_RUN=1 (any machine's command) turns the memory's into a note and exits 0."""
+    bin_dir, marker = sentinel_bin
+    starved = strict_env(tmp_path, bin_dir, GPU_MEM="0.95", OS_RESERVE_GB="40")
+    done = run_launcher("dflash", starved)
+    assert done.returncode == 2, done.stderr
+    (line,) = done.stderr.strip().splitlines()
+    assert line.startswith("serve.sh: GPU_MEM=0.95: 0.95 of "), line
+    assert "less than OS_RESERVE_GB=40" in line, line
+    noted = run_launcher("dflash", {**starved, "DRY_RUN": "1"})
+    assert noted.returncode == 0, noted.stderr
+    assert "this machine would refuse it: GPU_MEM=0.95" in noted.stderr
+
+    absent = strict_env(tmp_path, bin_dir, MODEL=str(tmp_path / "nowhere"))
+    done = run_launcher("dflash", absent)
+    assert done.returncode == 4, done.stderr
+    assert done.stderr.strip().splitlines()[-1] == (
+        f"serve.sh: MODEL={str(tmp_path / 'nowhere')!r}: no such folder"
+    )
+    assert not marker.exists()
+
+
+def test_the_strict_dry_run_refuses_after_a_guard_stop_and_spends_nothing(
+    sentinel_bin: tuple[Path, Path], tmp_path: Path
+) -> None:
+    """A guard record refuses the check as it refuses a start (exit 3, its line); with
+    GUARD_RESUME=1 the check passes, as the new container's first start would, and leaves the
+    record and the resume as they were: only a real start spends them."""
+    bin_dir, marker = sentinel_bin
+    state = tmp_path / "state"
+    record = tmp_path / "hf" / "sparkserve" / "guard-stopped.json"
+    record.parent.mkdir(parents=True)
+    record.write_text('{"reason": "MemAvailable 0.4 GiB below the floor 2.0 GiB"}\n')
+    env = strict_env(tmp_path, bin_dir, SPARKSERVE_STATE_DIR=str(state))
+    done = run_launcher("mtp", env)
+    assert done.returncode == 3, done.stderr
+    (line,) = done.stderr.strip().splitlines()
+    assert line.startswith(f"mtp_serve.sh: the memory guard stopped vLLM last time ({record})")
+    assert line.endswith("then start once with GUARD_RESUME=1"), line
+    resumed = run_launcher("mtp", {**env, "GUARD_RESUME": "1"})
+    assert resumed.returncode == 0, resumed.stderr
+    assert record.is_file()
+    assert not (state / "guard-resume-spent").exists()
+    assert not marker.exists()

@@ -375,9 +375,13 @@ KNOBS: tuple[Knob, ...] = (
              "guard and the pair watch never wait for it."),
     Knob("EXTRA_ARGS", "text", "", group="launcher", empty_ok=True, shell_words=True,
          why="More `vllm serve` arguments, split like a shell would, appended last."),
-    Knob("DRY_RUN", "bool", "0", group="launcher",
+    Knob("DRY_RUN", "choice", "0", group="launcher", choices=("0", "1", "strict"),
          why="1 prints the exact command and environment, then exits without starting "
-             "vLLM."),
+             "vLLM; what this machine's memory would refuse is a note. strict makes every "
+             "refusal a start makes here (the memory budget, the recipe's fit, the guard's "
+             "record, the checkpoints whole in the cache or on the Hub, the disk's room) and "
+             "exits non-zero with the start's one line, downloading nothing: what "
+             "scripts/up.sh runs before Compose touches the running server."),
 )  # fmt: skip
 
 BY_NAME: dict[str, Knob] = {knob.name: knob for knob in KNOBS}

@@ -63,7 +63,7 @@ class KnobValues:
     CLUSTER_JOIN_TIMEOUT_S: float
     SHUTDOWN_TIMEOUT_S: int
     EXTRA_ARGS: str
-    DRY_RUN: bool
+    DRY_RUN: str
     # <<< knobs
 
     @classmethod

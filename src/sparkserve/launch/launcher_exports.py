@@ -47,8 +47,8 @@ def checked_settings(
     env: Mapping[str, str], launcher: Launcher, total_bytes: int
 ) -> tuple[Settings, list[str]]:
     """The settings, with every check that can refuse a start before anything runs. A dry run
-    shows the command on any machine: what this machine's memory would refuse comes back as
-    notes instead."""
+    (DRY_RUN=1) shows the command on any machine: what this machine's memory would refuse
+    comes back as notes instead; the strict one (DRY_RUN=strict) refuses as a start does."""
     settings = resolve_settings(env, launcher)
     check_layout(settings)
     notes: list[str] = []
@@ -56,7 +56,7 @@ def checked_settings(
         try:
             check(settings, total_bytes)
         except KnobError as error:
-            if not settings.values.DRY_RUN:
+            if settings.values.DRY_RUN != "1":
                 raise
             notes.append(f"this machine would refuse it: {error}")
     return settings, notes

@@ -159,9 +159,12 @@ def _tensor_bytes(path: Path, info: dict[str, Any]) -> int:
     return int(offsets[1]) - int(offsets[0])
 
 
-def _index(directory: Path) -> tuple[int, set[str]] | None:
+INDEX = "model.safetensors.index.json"
+
+
+def weights_index(directory: Path) -> tuple[int, set[str]] | None:
     """The index's total_size and the files its weight_map names; None without an index."""
-    index = directory / "model.safetensors.index.json"
+    index = directory / INDEX
     if not index.is_file():
         return None
     try:
@@ -178,7 +181,7 @@ def weights(directory: Path) -> Weights | None:
     here, else the index's total_size (a download not started or cut short); None when
     neither is present."""
     files = sorted(directory.glob("*.safetensors"))
-    index = _index(directory)
+    index = weights_index(directory)
     missing = index[1] - {path.name for path in files} if index is not None else set()
     if files and not missing:
         total = experts = 0
@@ -194,7 +197,7 @@ def weights(directory: Path) -> Weights | None:
     if index is not None:
         have = len(index[1]) - len(missing)
         where = "files not downloaded yet" if not files else f"{have} of {len(index[1])} files here"
-        return Weights(index[0], f"model.safetensors.index.json ({where})")
+        return Weights(index[0], f"{INDEX} ({where})")
     return None
 
 
