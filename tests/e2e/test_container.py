@@ -6,9 +6,10 @@ scripts/lib/docker_engine.sh); podman/buildah build the image, `podman save | do
 moves it over. One project, started several times on one model-cache volume holding tiny
 models in Hugging Face cache layout, each start `docker compose --profile cpu up -d --wait
 sparkserve-cpu` as a user types it:
-  1. a bad knob, then a model missing offline: the fetch service refuses first with one line
-     (exit 2, exit 4), Compose's `service_completed_successfully` gate keeps the server from
-     ever running, `up` fails and nothing listens;
+  1. a bad knob, then a model missing offline, then a shard missing offline: the fetch service
+     refuses first with one line (exit 2, exit 4, exit 4), Compose's
+     `service_completed_successfully` gate keeps the server from ever running, `up` fails and
+     nothing listens;
   2. a normal start with the hybrid target (Qwen3.5-style + DFlash drafter): the fetch service
      exits 0 before the server starts, the server is `healthy` by Docker's own healthcheck
      schedule (`.State.Health`), then the OpenAI API with the default tool and reasoning
@@ -32,8 +33,10 @@ sparkserve-cpu` as a user types it:
      repeated prompts from its prefix cache and stays healthy; 5b-9 reuse this server;
   5b. `scripts/tune.sh memory` from the host (its default compose driver): the service recreated
      with the candidate pool, the stress bank PASS, the value kept, running and written to .env;
-  5c. `scripts/up.sh` with an out-of-range knob: refused by the launcher's dry run in a
-     container of its own, the running server untouched, the last line names the knob;
+  5c. `scripts/up.sh` with each kind of refusal a start makes (a knob out of its range, a
+     memory budget beyond this machine, a MODEL not in the cache, a shard missing from the
+     cache, a guard record): refused by the launcher's strict dry run in a container of its
+     own, the running server the same container, answering, the last line names the cause;
   5d. `scripts/verify.sh` from the host (the compose driver): the service recreated with each
      reference setting (prefix cache off, the bf16 head), every check passes, and it ends on
      its starting knobs, healthy;
@@ -89,6 +92,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -321,6 +325,38 @@ def test_1b_a_model_missing_offline_stops_compose_at_the_fetch_service(
     log = project.logs(f"{SERVICE}-fetch")
     line = fetch_line(log, "sparkserve-test/absent")
     assert "sparkserve fetch: MODEL=sparkserve-test/absent: HF_OFFLINE=1" in line, log
+    assert_gated_refusal(project, 4)
+    project.down()
+    project.write_env(MODEL=TARGET_REPO)
+
+
+def sharded_copy(tiny_models: dict[str, str], where: Path) -> Path:
+    """The tiny plain model with a weights index that lists a second shard it lacks."""
+    shutil.copytree(tiny_models["plain"], where, ignore=shutil.ignore_patterns(".*"))
+    index = {
+        "metadata": {"total_size": 1},
+        "weight_map": {"a": "model.safetensors", "b": "model-00002-of-00002.safetensors"},
+    }
+    (where / "model.safetensors.index.json").write_text(json.dumps(index))
+    return where
+
+
+def test_1c_a_shard_missing_offline_stops_compose_at_the_fetch_service(
+    project: ComposeProject, tiny_models: dict[str, str], tmp_path: Path
+) -> None:
+    """A snapshot with a shard gone is not whole: the fetch service refuses in one line naming
+    it (exit 4) and the server never starts, so no restart loop of a vLLM failing at load."""
+    repo = "sparkserve-test/sharded"
+    hub = project.volume_path("hf-cache") / "hub"
+    place_in_hf_cache(hub, repo, sharded_copy(tiny_models, tmp_path / "sharded"))
+    project.write_env(MODEL=repo)
+    up = project.up(SERVICE, wait_s=120, check=False)
+    assert up.returncode != 0, up.stdout + up.stderr
+    line = fetch_line(project.logs(f"{SERVICE}-fetch"), "model-00002-of-00002.safetensors")
+    assert line.endswith(
+        "model-00002-of-00002.safetensors is missing (model.safetensors.index.json lists it): "
+        "start once with HF_OFFLINE=0 to fetch it"
+    ), line
     assert_gated_refusal(project, 4)
     project.down()
     project.write_env(MODEL=TARGET_REPO)
@@ -757,38 +793,100 @@ def crash_and_recover(project: ComposeProject, engine: bool, name: str) -> None:
     COMPILE_LINES[f"{name}_exit_and_stream"] = [str(codes), outcome]
 
 
-def test_5c_up_sh_refuses_a_bad_knob_and_the_running_server_keeps_answering(
-    project: ComposeProject,
+def up_sh(project: ComposeProject) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([str(REPO / "scripts" / "up.sh"), SERVICE], env=project.script_env(),
+                          capture_output=True, text=True, timeout=300, cwd=REPO)  # fmt: skip
+
+
+def assert_up_sh_refuses(
+    project: ComposeProject, changes: dict[str, str], status: int, last_line: str
 ) -> None:
-    """`scripts/up.sh` (the README's way to apply a changed knob): the launcher's own checks
-    run first in a container of their own; a refused value leaves the running server as it was
-    (a plain `up` would recreate it before the fetch service refuses), the last line names the
-    knob. With settings that pass, it is `docker compose up -d` (nothing changed: nothing
-    recreated)."""
-    serving(project)
+    """`scripts/up.sh` with `changes` in .env: refused with `status` by the launcher's strict dry
+    run in a container of its own, the last line ending with `last_line`; the running server is
+    the same container, healthy, answering, never restarted. .env is put back afterwards."""
     running = project.inspect(SERVICE)["Id"]
-    script = [str(REPO / "scripts" / "up.sh"), SERVICE]
-    kept = project.env.get("GPU_MEM")
-    project.write_env(GPU_MEM="0.99")
+    kept = {name: project.env.get(name) for name in changes}
+    project.write_env(**changes)
     try:
-        refused = subprocess.run(script, env=project.script_env(), capture_output=True,
-                                 text=True, timeout=300, cwd=REPO)  # fmt: skip
+        refused = up_sh(project)
     finally:
-        if kept is None:
-            project.unset_env("GPU_MEM")
-        else:
-            project.write_env(GPU_MEM=kept)
-    assert refused.returncode == 2, refused.stdout + refused.stderr
+        project.unset_env(*(name for name, value in kept.items() if value is None))
+        project.write_env(**{name: value for name, value in kept.items() if value is not None})
+    assert refused.returncode == status, refused.stdout + refused.stderr
     last = refused.stderr.strip().splitlines()[-1]
-    assert last.endswith("GPU_MEM='0.99': must be a number from 0.1 to 0.95"), refused.stderr
+    assert last.endswith(last_line), refused.stderr
     assert project.inspect(SERVICE)["Id"] == running
     assert project.state(SERVICE)["Health"]["Status"] == "healthy"
     assert get(f"http://127.0.0.1:{port_of(project)}/v1/models", API_KEY)[0] == 200
-    unchanged = subprocess.run(script, env=project.script_env(), capture_output=True,
-                               text=True, timeout=300, cwd=REPO)  # fmt: skip
+    assert project.restarts(SERVICE) == 0
+
+
+def test_5c_up_sh_refuses_a_bad_knob_and_the_running_server_keeps_answering(
+    project: ComposeProject,
+) -> None:
+    """`scripts/up.sh` (the README's way to apply a changed knob): every refusal a start makes
+    runs first, in a container of its own (DRY_RUN=strict); a refused value leaves the running
+    server as it was (a plain `up` would recreate it before anything refuses), the last line
+    names the knob. With settings that pass, it is `docker compose up -d` (nothing changed:
+    nothing recreated)."""
+    serving(project)
+    running = project.inspect(SERVICE)["Id"]
+    assert_up_sh_refuses(project, {"GPU_MEM": "0.99"}, 2,
+                         "GPU_MEM='0.99': must be a number from 0.1 to 0.95")  # fmt: skip
+    unchanged = up_sh(project)
     assert unchanged.returncode == 0, unchanged.stderr
+    assert "strict dry run: a start with these settings passes" in unchanged.stderr
     assert project.inspect(SERVICE)["Id"] == running
     assert project.restarts(SERVICE) == 0
+
+
+def test_5c_budget_beyond_this_machine_is_refused_before_compose_touches_the_server(
+    project: ComposeProject,
+) -> None:
+    """Within every range, refused by this machine: more OS reserve than GPU_MEM leaves (the
+    start would refuse with exit 2 in a restart loop, the API gone)."""
+    serving(project)
+    assert_up_sh_refuses(project, {"GPU_MEM": "0.95", "OS_RESERVE_GB": "64"}, 2,
+                         "GiB to the OS, less than OS_RESERVE_GB=64")  # fmt: skip
+
+
+def test_5c_a_model_missing_from_the_cache_is_refused_before_compose_touches_the_server(
+    project: ComposeProject,
+) -> None:
+    serving(project)
+    assert_up_sh_refuses(project, {"MODEL": "sparkserve-test/absent"}, 4,
+                         "MODEL=sparkserve-test/absent: HF_OFFLINE=1 and it is not in the "
+                         "cache")  # fmt: skip
+
+
+def test_5c_a_shard_missing_from_the_cache_is_refused_before_compose_touches_the_server(
+    project: ComposeProject, tiny_models: dict[str, str], tmp_path: Path
+) -> None:
+    """A checkpoint whose index lists a shard the cache lacks (vLLM would fail at load)."""
+    serving(project)
+    repo = "sparkserve-test/sharded"
+    hub = project.volume_path("hf-cache") / "hub"
+    place_in_hf_cache(hub, repo, sharded_copy(tiny_models, tmp_path / "sharded2"))
+    assert_up_sh_refuses(project, {"MODEL": repo}, 4,
+                         "/model-00002-of-00002.safetensors is missing "
+                         "(model.safetensors.index.json lists it): start once with "
+                         "HF_OFFLINE=0 to fetch it")  # fmt: skip
+
+
+def test_5c_a_guard_record_is_refused_before_compose_touches_the_server(
+    project: ComposeProject,
+) -> None:
+    """After a guard stop every start refuses (exit 3): so does the check, and the running
+    server (started with GUARD_RESUME spent or unset) is left alone."""
+    serving(project)
+    record = guard_record(project)
+    record.parent.mkdir(parents=True, exist_ok=True)
+    record.write_text('{"reason": "written by the test"}\n')
+    try:
+        assert_up_sh_refuses(project, {"NUM_SPEC_TOKENS": "0"}, 3,
+                             "then start once with GUARD_RESUME=1")  # fmt: skip
+    finally:
+        record.unlink()
 
 
 def test_5d_verify_recreates_the_service_per_reference_and_ends_where_it_began(

@@ -486,3 +486,30 @@ def test_the_strict_dry_run_refuses_after_a_guard_stop_and_spends_nothing(
     assert record.is_file()
     assert not (state / "guard-resume-spent").exists()
     assert not marker.exists()
+
+
+def test_a_start_with_a_shard_missing_offline_is_one_line_and_exit_4(
+    sentinel_bin: tuple[Path, Path], tmp_path: Path
+) -> None:
+    """A cached snapshot whose index lists a shard that is gone: the start's fetch step refuses
+    in one line naming it (exit 4), before vLLM, which would fail at load instead."""
+    bin_dir, marker = sentinel_bin
+    repo = tmp_path / "hf" / "hub" / "models--org--sharded"
+    snapshot = repo / "snapshots" / ("b" * 40)
+    snapshot.mkdir(parents=True)
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text("b" * 40)
+    (snapshot / "config.json").write_text("{}")
+    index = {"metadata": {"total_size": 8}, "weight_map": {"w": "model-00001-of-00001.safetensors"}}
+    (snapshot / "model.safetensors.index.json").write_text(json.dumps(index))
+    env = launcher_env(HF_HOME=str(tmp_path / "hf"), MODEL="org/sharded", NUM_SPEC_TOKENS="0")
+    env["PATH"] = f"{bin_dir}:{env['PATH']}"
+    done = run_launcher("dflash", env)
+    assert done.returncode == 4, done.stderr
+    (line,) = done.stderr.strip().splitlines()
+    assert line == (
+        f"serve.sh: MODEL=org/sharded: {snapshot / 'model-00001-of-00001.safetensors'} is "
+        "missing (model.safetensors.index.json lists it): start once with HF_OFFLINE=0 to "
+        "fetch it"
+    )
+    assert not marker.exists()
