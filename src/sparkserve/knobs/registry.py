@@ -1,7 +1,7 @@
 """Every setting a user can change, declared once: env name, type, default, allowed values, why.
 
 The launchers validate against this registry before they start anything; docker-compose.yml,
-.env.example and docs/KNOBS.md are generated from it (`sparkserve knobs render ...`), and a
+.env.example and docs/KNOBS.md are generated from it (`sparkserve knobs sync`), and a
 test fails when a generated file drifts from it.
 """
 
@@ -385,6 +385,8 @@ KNOBS: tuple[Knob, ...] = (
 )  # fmt: skip
 
 BY_NAME: dict[str, Knob] = {knob.name: knob for knob in KNOBS}
+# The knobs whose values are never printed, exported to a shell or written to a file.
+SECRETS: frozenset[str] = frozenset(knob.name for knob in KNOBS if knob.secret)
 # What compose's stop grace adds to the longest drain SHUTDOWN_TIMEOUT_S allows: vLLM's teardown
 # after the drain (about 6 s on the CPU: its engine waits up to 5 s for its workers to exit).
 STOP_MARGIN_S = 15

@@ -32,7 +32,7 @@ from sparkserve.cluster.link import cluster_exports
 from sparkserve.cluster.watch import state_path
 from sparkserve.command_line import EXIT_BAD_INPUT, EXIT_OK, fail
 from sparkserve.guard.monitor import marker_path, metrics_dir
-from sparkserve.knobs.registry import LAUNCHER_SCRIPTS, KnobError, Launcher
+from sparkserve.knobs.registry import LAUNCHER_SCRIPTS, SECRETS, KnobError, Launcher
 from sparkserve.launch.cluster_layout import check_layout
 from sparkserve.launch.launch_plan import LaunchPlan
 from sparkserve.launch.settings import Settings, check_budget, check_recipe_fits, resolve_settings
@@ -82,7 +82,7 @@ def resolve_exports(
     version = installed_vllm()
     state_file = state_path(env)
     variables: dict[str, Value] = {
-        name: value for name, value in settings.text.items() if name not in ("API_KEY", "HF_TOKEN")
+        name: value for name, value in settings.text.items() if name not in SECRETS
     }
     variables |= {
         "VLLM_FOUND_VERSION": version,

@@ -22,7 +22,7 @@ from pathlib import Path
 
 from sparkserve import recipes
 from sparkserve.command_line import UsageError, one_line_errors
-from sparkserve.knobs.registry import LAUNCHERS, KnobError, Launcher
+from sparkserve.knobs.registry import LAUNCHERS, SECRETS, KnobError, Launcher
 from sparkserve.launch.settings import resolve_settings
 from sparkserve.launch.shell import shell_quote
 from sparkserve.memory.checkpoint import CheckpointError
@@ -71,7 +71,7 @@ def _show(name: str, launcher: Launcher | None) -> int:
     if recipe.notes:
         print(f"# note: {recipe.notes}")
     for knob, value in settings.text.items():
-        if knob not in ("API_KEY", "HF_TOKEN"):
+        if knob not in SECRETS:
             print(f"export {knob}={shell_quote(value)}  # {settings.layer[knob]}")
     return EXIT_OK
 
