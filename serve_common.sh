@@ -21,31 +21,29 @@ refuse_arguments() {
   fi
 }
 
-# resolve_knobs LAUNCHER: every knob resolved (registry < image < launcher < recipe < what
-# you set; docs/KNOBS.md) and checked, with the memory budget, against this machine, and the
-# start decided: the fetch's, the guard's and the pair watch's commands (they watch this
-# shell's PID, vLLM's parent: run_vllm) and LAUNCH_PLAN, what vllm_command reads. On a bad
-# value the registry prints one line (knob, value, what is allowed) and we exit 2.
-resolve_knobs() {
-  python_step knobs resolve --launcher "$1" --prog "${PROG}" --pid "$$"
-}
-
-# python_step ARGS...: `python3 -m sparkserve ARGS` (with this function's standard input),
-# whose output sets this shell's variables (set_variables); on failure its one line goes
-# through refuse and the launcher exits 2.
-python_step() {
-  local said out status=0 line
-  said="$(mktemp)"
+# start_step LAUNCHER: the start's one step into Python (sparkserve.start.cli): every knob
+# resolved (registry < image < launcher < recipe < what you set; docs/KNOBS.md) and checked, with
+# the memory budget, against this machine; the memory guard's record; the checkpoints put into
+# the cache; vLLM's command built. It sets what this shell runs: VLLM_ARGS and VLLM_ENV (vLLM's
+# command and environment; no argv for a dry run, which it printed), GUARD_ARGS and WATCH_ARGS
+# (the guard's and the pair watch's commands, which watch this shell's PID, vLLM's parent:
+# run_vllm), CLUSTER_STATE_FILE and BANNER. A refusal is its one line, through refuse, with the
+# step's status: 2 a setting, 3 the guard's record, 4 a checkpoint. The key never reaches this
+# shell's variables: Python reads it from the environment and puts it into VLLM_ENV only.
+start_step() {
+  local out status=0 line
   out="$(mktemp)"
-  python3 -m sparkserve "$@" >"${out}" 2>"${said}" || status=$?
+  python3 -m sparkserve start --launcher "$1" --prog "${PROG}" --pid "$$" --records "${out}" \
+    || status=$?
   if (( status != 0 )); then
-    line="$(cat -- "${said}")"
-    rm -f -- "${said}" "${out}"
-    refuse 2 "${line}"
+    line="$(cat -- "${out}")"
+    rm -f -- "${out}"
+    # nothing written: Python itself failed, and said why above
+    [[ -n "${line}" ]] || exit "${status}"
+    refuse "${status}" "${line}"
   fi
-  cat -- "${said}" >&2
   set_variables "${out}"
-  rm -f -- "${said}" "${out}"
+  rm -f -- "${out}"
 }
 
 # set_variables FILE: the variables a Python step wrote to FILE (sparkserve.launch.shell.records:
@@ -92,8 +90,8 @@ set_variables() {
   done
 }
 
-# refuse STATUS LINE: exit STATUS (2: a setting, 3: a guard record) after printing LINE, once
-# per container. Docker's restart policy restarts a refusing container with its growing delay
+# refuse STATUS LINE: exit STATUS (2: a setting, 3: a guard record, 4: a checkpoint) after
+# printing LINE, once per container. Docker's restart policy restarts a refusing container with its growing delay
 # (up to one start a minute) on the same filesystem, so a later start that would say the same
 # line says nothing: `docker compose logs` shows the reason once and `docker compose ps` the
 # status. A new container (after `up` with a changed setting) says it again. Only as a
@@ -112,82 +110,6 @@ refuse() {
     printf '%s %s' "${status}" "${line}" > "${said}"
   fi
   exit "${status}"
-}
-
-# vllm_command: vLLM's whole command line and environment, decided in one place
-# (src/sparkserve/launch/vllm_command.py) from the launch plan resolve_knobs made and the
-# target's own config.json, into VLLM_ARGS and VLLM_ENV. The plan holds the key: it goes to
-# Python on a pipe, never into an argument or the environment.
-vllm_command() {
-  python_step knobs command --prog "${PROG}" <<< "${LAUNCH_PLAN}"
-  unset LAUNCH_PLAN
-  local note
-  for note in "${NOTES[@]}"; do
-    printf '%s: %s\n' "${PROG}" "${note}" >&2
-  done
-}
-
-# print_dry_run: the exact environment and commands, secrets hidden, for DRY_RUN=1.
-print_dry_run() {
-  local line
-  printf '%s: dry run (vLLM %s found); nothing started\n' "${PROG}" "${VLLM_FOUND_VERSION}"
-  for line in "${VLLM_ENV_SHOWN[@]}"; do
-    printf 'env: %s\n' "${line}"
-  done
-  printf 'fetch: %s\n' "${FETCH_ARGS[*]@Q}"
-  if (( ${#GUARD_ARGS[@]} > 0 )); then
-    printf 'guard: %s\n' "${GUARD_ARGS[*]@Q}"
-  fi
-  if (( ${#WATCH_ARGS[@]} > 0 )); then
-    printf 'watch: %s\n' "${WATCH_ARGS[*]@Q}"
-  fi
-  printf 'exec: vllm serve %s\n' "${VLLM_ARGS[*]@Q}"
-}
-
-# check_guard_record [look]: after the memory guard stopped vLLM it leaves a record on the
-# model-cache volume; refuse to start (exit 3, at once: no model load, no memory taken) until a
-# container created with GUARD_RESUME=1 starts. Only that container's first start may clear a
-# record: it leaves a mark in the container's own filesystem (SPARKSERVE_STATE_DIR), so a
-# restart of the same container, with the same environment, never clears a record written
-# later. `look` (the strict dry run) refuses alike and changes nothing: a new container with
-# GUARD_RESUME=1 would clear the record, so that passes.
-check_guard_record() {
-  local record="${GUARD_MARKER}" mode="${1:-start}"
-  local spent="${SPARKSERVE_STATE_DIR:-${TMPDIR:-/tmp}}/guard-resume-spent"
-  if [[ "${GUARD_RESUME}" == 1 && ! -e "${spent}" ]]; then
-    [[ "${mode}" == look ]] && return 0
-    mkdir -p -- "$(dirname -- "${spent}")"
-    : > "${spent}"
-    if [[ -f "${record}" ]]; then
-      printf '%s: GUARD_RESUME=1: clearing the memory guard record %s and starting\n' \
-        "${PROG}" "${record}" >&2
-      rm -f -- "${record}"
-    fi
-    return 0
-  fi
-  [[ -f "${record}" ]] || return 0
-  local line
-  if [[ "${GUARD_RESUME}" == 1 ]]; then
-    printf -v line '%s: the memory guard stopped vLLM (%s): %s; GUARD_RESUME=1 was spent on this container'"'"'s first start: fix the cause (docs/MEMORY.md), then recreate the container (docker compose up -d --force-recreate)' \
-      "${PROG}" "${record}" "$(tr -d '\n' < "${record}")"
-    refuse 3 "${line}"
-  fi
-  printf -v line '%s: the memory guard stopped vLLM last time (%s): %s; fix the cause (docs/MEMORY.md), then start once with GUARD_RESUME=1' \
-    "${PROG}" "${record}" "$(tr -d '\n' < "${record}")"
-  refuse 3 "${line}"
-}
-
-# fetch_models: download what the cache lacks before vLLM starts (sparkserve fetch, which
-# reads the launch plan on a pipe: the checkpoints of these settings); a failure is one line
-# and exit 4, and nothing starts.
-fetch_models() {
-  "${FETCH_ARGS[@]}" <<< "${LAUNCH_PLAN}" || exit 4
-}
-
-# check_models: the strict dry run's fetch: every refusal the fetch would make (the checkpoints
-# whole in the cache, or on the Hub with the token and room on the disk), nothing downloaded.
-check_models() {
-  "${FETCH_ARGS[@]}" --check <<< "${LAUNCH_PLAN}" || exit 4
 }
 
 # start_guard: the memory guard, in the background, next to the vLLM we are about to become;
@@ -219,33 +141,11 @@ start_pair_watch() {
 
 # serve LAUNCHER: the launchers' whole run, step by step.
 serve() {
-  # 1. Every knob resolved and checked, the memory budget against this machine.
-  resolve_knobs "$1"
-  if [[ "${DRY_RUN}" == 1 ]]; then
-    vllm_command
-    print_dry_run
-    exit 0
-  fi
-  # DRY_RUN=strict: the start's own steps up to serving, each refusing as a start does, and
-  # nothing changed (scripts/up.sh runs it before Compose touches the running server).
-  if [[ "${DRY_RUN}" == strict ]]; then
-    check_guard_record look
-    check_models
-    vllm_command
-    print_dry_run
-    printf '%s: strict dry run: a start with these settings passes every check on this machine\n' \
-      "${PROG}" >&2
-    exit 0
-  fi
-  # 2. Refuse after a memory guard stop; put the checkpoints into the cache.
-  check_guard_record
-  fetch_models
-  # 3. vLLM's command, now that the target's config.json is at hand (hybrid or not).
-  vllm_command
-  printf '%s: starting vLLM %s: %s on %s:%s (GPU_MEM %s of %s GiB, prefix cache %s)\n' \
-    "${PROG}" "${VLLM_FOUND_VERSION}" "${MODEL}" "${HOST}" "${PORT}" "${GPU_MEM}" \
-    "${MEM_TOTAL_GIB}" "${PREFIX_CACHE}" >&2
-  # 4. The guard and (on a pair) the pair watch beside it, then vLLM as this shell's child.
+  # 1. Everything a start decides, in one step (DRY_RUN=1 and strict end there: nothing starts).
+  start_step "$1"
+  (( ${#VLLM_ARGS[@]} > 0 )) || exit 0
+  printf '%s\n' "${BANNER}" >&2
+  # 2. The guard and (on a pair) the pair watch beside it, then vLLM as this shell's child.
   # The key reaches vLLM only as VLLM_API_KEY (VLLM_ENV), never on its command line.
   pass_stops_to_vllm
   start_guard

@@ -11,12 +11,10 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import os
 import sys
 from pathlib import Path
 
 from sparkserve import __version__
-from sparkserve.knobs.registry import LAUNCHERS
 from sparkserve.patching import ALL_PATCHES
 
 REPO = Path(__file__).resolve().parents[2]
@@ -31,6 +29,7 @@ COMMAND_MODULES: dict[str, str] = {
     "guard": "sparkserve.guard.monitor",
     "doctor": "sparkserve.doctor.cli",
     "fetch": "sparkserve.fetch.cli",
+    "start": "sparkserve.start.cli",
     "recipes": "sparkserve.plan.recipes_cli",
     "dashboard": "sparkserve.monitoring.dashboard",
     "cluster": "sparkserve.cluster.cli",
@@ -47,12 +46,6 @@ def _run_patch(args: argparse.Namespace) -> int:
 
 
 def _run_knobs(args: argparse.Namespace) -> int:
-    if args.knobs_command in ("resolve", "command"):
-        from sparkserve.launch.launcher_exports import main_command, main_resolve
-
-        if args.knobs_command == "resolve":
-            return main_resolve(args.launcher, os.environ, args.prog, args.pid)
-        return main_command(sys.stdin.read(), args.prog)
     from sparkserve.knobs.docs import sync
 
     return _report_drift(sync(args.repo, check=args.check), args.check)
@@ -89,21 +82,6 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     knobs = commands.add_parser("knobs", help="the launchers' settings")
     knobs.set_defaults(run=_run_knobs)
     knob_commands = knobs.add_subparsers(dest="knobs_command", metavar="ACTION", required=True)
-    resolve = knob_commands.add_parser(
-        "resolve",
-        help="validate the environment's knobs; write a launcher's variables (NUL-separated)",
-    )
-    resolve.add_argument("--launcher", choices=LAUNCHERS, required=True)
-    resolve.add_argument("--prog", default="sparkserve", help="name to put on error lines")
-    resolve.add_argument(
-        "--pid", type=int, required=True, help="the process the guard and the pair watch watch"
-    )
-    command = knob_commands.add_parser(
-        "command",
-        help="vLLM's command and environment from the launch plan `resolve` wrote (on stdin), "
-        "as a launcher's variables (NUL-separated)",
-    )
-    command.add_argument("--prog", default="sparkserve", help="name to put on error lines")
     knob_sync = knob_commands.add_parser(
         "sync", help="regenerate the knob tables in compose, .env.example and the docs"
     )

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from sparkserve.fetch.cli import Record, Wanted, wanted
-from sparkserve.launch.launcher_exports import resolve_exports
+from sparkserve.fetch.cache import Record
+from sparkserve.fetch.wanted import Wanted, wanted
 from sparkserve.launch.settings import resolve_settings
 
 REPO = Path(__file__).resolve().parents[2]
@@ -65,30 +65,6 @@ def test_local_folders_need_nothing(tmp_path: Path) -> None:
     done = fetch(tmp_path, MODEL=str(target), DRAFT_MODEL=str(drafter))
     assert done.returncode == 0, done.stderr
     assert done.stderr.count("a local folder, nothing to fetch") == 2
-
-
-def test_a_launchers_fetch_takes_the_plan_not_the_environment(tmp_path: Path) -> None:
-    """Under a launcher the fetch reads the launch plan its first step made (on stdin): the
-    checkpoints of those settings, whatever the environment says by then."""
-    planned, other = tmp_path / "planned", tmp_path / "other"
-    planned.mkdir()
-    env = {"MODEL": str(planned), "NUM_SPEC_TOKENS": "0", "HF_HOME": str(tmp_path / "hf")}
-    plan = resolve_exports(env, "dflash", 128 * 2**30, pid=1)["LAUNCH_PLAN"]
-    assert isinstance(plan, str)
-    done = subprocess.run(
-        [sys.executable, "-m", "sparkserve", "fetch", "--plan-on-stdin", "--prog", "serve.sh"],
-        input=plan, capture_output=True, text=True, timeout=120,
-        env={"PATH": os.environ["PATH"], "PYTHONPATH": str(REPO / "src"), "MODEL": str(other),
-             "HF_ENDPOINT": UNREACHABLE},
-    )  # fmt: skip
-    assert done.returncode == 0, done.stderr
-    assert done.stderr == f"serve.sh: MODEL {planned}: a local folder, nothing to fetch\n"
-    broken = subprocess.run(
-        [sys.executable, "-m", "sparkserve", "fetch", "--plan-on-stdin"], input="{}",
-        capture_output=True, text=True, timeout=120,
-        env={"PATH": os.environ["PATH"], "PYTHONPATH": str(REPO / "src")},
-    )  # fmt: skip
-    assert broken.returncode == 2 and len(broken.stderr.splitlines()) == 1, broken.stderr
 
 
 def test_a_missing_local_folder_is_one_line(tmp_path: Path) -> None:

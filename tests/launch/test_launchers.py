@@ -14,7 +14,7 @@ import pytest
 
 from sparkserve.in_vllm.lmhead import plugin
 from sparkserve.knobs.registry import KNOBS, Knob
-from sparkserve.launch.launcher_exports import main_resolve
+from sparkserve.start.cli import run_start
 from sparkserve.launch.versions import parse_release
 from sparkserve.launch.vllm_command import EXTENSIBLE_KV_CACHE_FROM
 from support import vllm_release
@@ -185,19 +185,21 @@ BAD = [(k, value) for k in KNOBS if k.scope == "container" for value in bad_valu
 @pytest.mark.parametrize("launcher", sorted(LAUNCHERS))
 @pytest.mark.parametrize(("knob", "value"), BAD, ids=[f"{k.name}={v}" for k, v in BAD])
 def test_bad_knob_value_is_one_line_exit_2_and_no_exports(
-    launcher: str, knob: Knob, value: str, capsys: pytest.CaptureFixture[str]
+    launcher: str, knob: Knob, value: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """Every bad value of every knob, through what the launcher runs first (`sparkserve knobs
-    resolve`, here in-process): exit 2, one line naming the knob and the value (a secret's
-    value never), and no exports, so the launcher stops before anything else."""
+    """Every bad value of every knob, through the launcher's one step (`sparkserve start`,
+    here in-process): exit 2, one line naming the knob and the value (a secret's value never)
+    for the launcher to print, nothing else said and no variables, so the launcher stops
+    before anything else."""
     if launcher not in knob.launchers:
         pytest.skip(f"{knob.name} is not read by the {launcher} launcher")
     prog = LAUNCHERS[launcher].name
-    code = main_resolve(launcher, launcher_env(**{knob.name: value}), prog, pid=1)
+    records = tmp_path / "records"
+    code = run_start(launcher_env(**{knob.name: value}), launcher, prog, 1, records)  # type: ignore[arg-type]
     out, err = capsys.readouterr()
-    assert (code, out) == (2, "")
-    lines = err.strip().splitlines()
-    assert len(lines) == 1, err
+    assert (code, out, err) == (2, "", "")
+    lines = records.read_text().splitlines()
+    assert len(lines) == 1, lines
     assert lines[0].startswith(f"{prog}: {knob.name}=")
     assert "must be" in lines[0]
     if knob.secret:
@@ -393,7 +395,8 @@ def test_one_node_has_no_cluster_arguments() -> None:
 def test_every_dry_run_is_the_recorded_one() -> None:
     """Each launcher x image x recipe, and the knobs users set most, prints the exact start
     recorded in tests/launch/data/dry_runs.json (first recorded at 0159394, before the launch
-    plan's refactor; since then only the fetch line changed, by its --plan-on-stdin). A change
+    plan's refactor; since then only the fetch line changed: its --plan-on-stdin came, and went
+    with the one start step, whose fetch it shows as the command that makes the same one). A change
     here is a change to what starts: record it on purpose (`python tests/support/dry_runs.py`)
     and say why in the commit."""
     recorded = json.loads(RECORD.read_text())

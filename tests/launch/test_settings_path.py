@@ -20,8 +20,8 @@ import pytest
 
 from sparkserve import recipes
 from sparkserve.knobs.registry import BY_NAME, IMAGE_ENV, IMAGES, LAUNCHERS, Image, Knob, Launcher
-from sparkserve.launch.launcher_exports import target_is_hybrid
 from sparkserve.launch.settings import resolve_settings
+from sparkserve.launch.start_parts import target_is_hybrid
 from sparkserve.launch.vllm_command import vllm_command
 from sparkserve.memory.host import GIB
 from support.compose_config import compose_config

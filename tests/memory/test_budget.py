@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 
 from sparkserve.knobs.registry import KnobError
-from sparkserve.launch.launcher_exports import resolve_exports
 from sparkserve.launch.settings import resolve_settings
+from sparkserve.launch.start_parts import checked_settings
 from sparkserve.memory.budget import budget_problem, largest_gpu_mem, leaves_reserve
 from sparkserve.memory.host import GIB
 
@@ -47,11 +47,11 @@ def test_the_launcher_refuses_exactly_above_the_largest(total_gib: float, reserv
     largest = largest_gpu_mem(reserve, total)
     env = {"OS_RESERVE_GB": str(reserve) if reserve >= 4 else "4"}
     if largest >= 0.1:
-        resolve_exports({**env, "GPU_MEM": f"{largest:.2f}"}, "dflash", total, 1)  # no error
+        checked_settings({**env, "GPU_MEM": f"{largest:.2f}"}, "dflash", total)  # no error
     above = round(largest + 0.01, 2)
     if 0.1 <= above <= 0.95:
         with pytest.raises(KnobError, match=f"keeps it is {largest:.2f}"):
-            resolve_exports({**env, "GPU_MEM": f"{above:.2f}"}, "dflash", total, 1)
+            checked_settings({**env, "GPU_MEM": f"{above:.2f}"}, "dflash", total)
 
 
 def test_doctor_uses_the_same_rule(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -7,7 +7,7 @@ revision's file list and sizes, removes partial files a stopped fetch left, and 
 the cache's disk cannot hold what is missing. Files finished by an earlier run are kept; a
 file cut short is fetched again from its start (huggingface_hub 2.x does not resume inside a
 file). Progress: huggingface_hub's bars on a terminal, else a line per finished file and at
-least every PROGRESS_EVERY_S seconds (what `docker compose logs` shows).
+least every 10 s (fetch.download.PROGRESS_EVERY_S) (what `docker compose logs` shows).
 
 A checkpoint fetched completely once is recorded in the cache; later runs find it there and
 make no network call. Every run checks that the snapshot is whole before vLLM starts (every
@@ -27,201 +27,39 @@ do.
 from __future__ import annotations
 
 import argparse
-import errno
 import os
 import sys
 from collections.abc import Mapping
-from pathlib import Path
 
-from sparkserve.fetch.cache import (
-    Record,
-    blob_bytes,
-    free_bytes,
-    incomplete,
-    remove_broken,
-    remove_stale_partials,
-    repo_dir_of,
-)
-from sparkserve.fetch.check import (
-    SPACE_MARGIN,
-    UNREACHABLE_REMEDY,
-    check_local,
-    check_one,
-    no_space,
-    refuse_incomplete,
-    refuse_incomplete_offline,
-)
+from sparkserve.fetch.download import fetch_all
 from sparkserve.fetch.hub import (
     FetchError,
-    Revision,
-    Unreachable,
-    cached_snapshot,
-    hub_refusal,
-    revision_of,
 )
-from sparkserve.fetch.progress import Progress, human
-from sparkserve.fetch.wanted import Wanted, is_local, wanted
 from sparkserve.knobs.registry import LAUNCHERS, KnobError, Launcher
-from sparkserve.launch.launch_plan import LaunchPlan
 from sparkserve.launch.settings import resolve_settings
 
 EXIT_BAD_KNOB = 2
 EXIT_FETCH_FAILED = 4
-PROGRESS_EVERY_S = 10.0
 
 
-def _download(item: Wanted, hub: Path, revision: Revision, prog: str) -> Path:
-    """Fetch what the cache lacks of `revision`; finished files are kept on any failure."""
-    from huggingface_hub import snapshot_download
-    from huggingface_hub.errors import HfHubHTTPError
-    from huggingface_hub.utils import disable_progress_bars
-
-    repo_dir = repo_dir_of(hub, item.ref)
-    snapshot = repo_dir / "snapshots" / revision.sha
-    missing = {
-        name: size for name, size in revision.sizes.items() if not (snapshot / name).is_file()
-    }
-    needed = sum(missing.values())
-    if needed and needed + SPACE_MARGIN > free_bytes(hub)[1]:
-        raise FetchError(no_space(needed, hub))
-    progress = None
-    if missing and not sys.stderr.isatty():
-        disable_progress_bars()
-        label = f"{prog}: {item.knob} {item.ref}"
-        progress = Progress(label, snapshot, repo_dir / "blobs", revision.sizes, PROGRESS_EVERY_S)
-        progress.start()
+def run_fetch(env: Mapping[str, str], launcher: Launcher, prog: str, check: bool = False) -> int:
+    """`sparkserve fetch`: the checkpoints of `launcher`'s settings from `env` (compose's
+    *-fetch services); a failure is one line on stderr."""
     try:
-        return Path(snapshot_download(item.ref, revision=revision.sha))
-    except HfHubHTTPError as error:
-        raise FetchError(hub_refusal(error)) from error
-    except OSError as error:
-        if error.errno == errno.ENOSPC:
-            left = sum(s for n, s in revision.sizes.items() if not (snapshot / n).is_file())
-            raise FetchError(
-                "the disk filled during the download; " + no_space(left, hub)
-            ) from error
-        raise FetchError(f"download failed: {error}; start again to fetch the rest") from error
-    except Exception as error:  # a connection cut: the transport's own error types
-        first = str(error).splitlines()[0] if str(error) else ""
-        raise FetchError(
-            f"download failed ({type(error).__name__}: {first}); start again to fetch the rest"
-        ) from error
-    finally:
-        if progress is not None:
-            progress.stop()
-
-
-def _check_weights(item: Wanted, snapshot: Path, repair: bool, prog: str) -> bool:
-    """True when the snapshot is whole (cache.incomplete). What is not is removed when
-    `repair` (the caller downloads it again), else refused in one line."""
-    problems = incomplete(snapshot)
-    if problems and not repair:
-        refuse_incomplete_offline(snapshot)
-    for bad in problems:
-        remove_broken(bad)
-        what = (
-            f"is missing from the cache ({bad.problem}); downloading it"
-            if bad.missing
-            else f"in the cache is cut short or damaged ({bad.problem}); removed it, "
-            "downloading it again"
-        )
-        print(f"{prog}: {item.knob} {item.ref}: {bad.path.name} {what}", file=sys.stderr)
-    return not problems
-
-
-def fetch_one(item: Wanted, hf_home: Path, offline: bool, record: Record, prog: str) -> str:
-    """Put one checkpoint into the cache, whole; return the line that says what happened."""
-    if is_local(item.ref):
-        return check_local(item)
-    try:
-        return _fetch_repo(item, hf_home, offline, record, prog)
-    except FetchError as error:
-        raise FetchError(f"{item.knob}={item.ref}: {error}") from error
-
-
-def _fetch_repo(item: Wanted, hf_home: Path, offline: bool, record: Record, prog: str) -> str:
-    known = record.complete(item.ref)
-    if known is not None and _check_weights(item, known, repair=not offline, prog=prog):
-        return f"{item.knob} {item.ref}: complete in the cache ({known}), nothing to fetch"
-    if offline:
-        cached = cached_snapshot(item.ref)
-        if cached is None:
-            raise FetchError("HF_OFFLINE=1 and it is not in the cache")
-        _check_weights(item, cached, repair=False, prog=prog)
-        return f"{item.knob} {item.ref}: in the cache ({cached}), offline (HF_OFFLINE=1)"
-    hub = hf_home / "hub"
-    repo_dir = repo_dir_of(hub, item.ref)
-    try:
-        revision = revision_of(item.ref)
-    except Unreachable as error:
-        cached = cached_snapshot(item.ref)
-        if cached is None:
-            raise FetchError(f"{error} and it is not in the cache") from error
-        refuse_incomplete(cached, UNREACHABLE_REMEDY)
-        # Not recorded as complete: nobody could check it against the Hub.
-        return f"{item.knob} {item.ref}: {error}; serving the cached snapshot as it is ({cached})"
-    count, freed = remove_stale_partials(hub, repo_dir)
-    if count:
-        print(
-            f"{prog}: {item.knob} {item.ref}: removed {count} partial file(s) a stopped fetch "
-            f"left ({human(freed)})",
-            file=sys.stderr,
-        )
-    present = repo_dir / "snapshots" / revision.sha
-    if present.is_dir():  # what is there of this revision but not whole is fetched again
-        _check_weights(item, present, repair=True, prog=prog)
-    before = blob_bytes(repo_dir)
-    snapshot = _download(item, hub, revision, prog)
-    got = blob_bytes(repo_dir) - before
-    broken = incomplete(snapshot)
-    if broken:
-        raise FetchError(
-            f"after the download {broken[0].line()}: start again; if it stays so, the repo "
-            "itself is not whole"
-        )
-    record.add(item.ref, snapshot)
-    return f"{item.knob} {item.ref}: {got / 2**20:.1f} MiB downloaded, complete ({snapshot})"
-
-
-def run_fetch(
-    env: Mapping[str, str],
-    launcher: Launcher,
-    prog: str,
-    plan_json: str | None = None,
-    check: bool = False,
-) -> int:
-    """The checkpoints of `launcher`'s settings from `env`, or, for a launcher's start, of the
-    launch plan its first step made (`plan_json`: the settings are not resolved again); with
-    `check`, only the refusals, nothing downloaded or removed."""
-    try:
-        if plan_json is not None:
-            settings = LaunchPlan.from_json(plan_json).settings()
-        else:
-            settings = resolve_settings(env, launcher)
+        settings = resolve_settings(env, launcher)
     except KnobError as error:
         print(f"{prog}: {error}", file=sys.stderr)
         return EXIT_BAD_KNOB
-    hf_home = Path(settings["HF_HOME"])
-    # huggingface_hub reads HF_HOME (and HF_TOKEN) from the environment.
-    os.environ["HF_HOME"] = str(hf_home)
-    offline = settings.values.HF_OFFLINE
-    record = Record(hf_home)
-    for item in wanted(settings):
-        try:
-            if check:
-                line = check_one(item, hf_home, offline, record)
-            else:
-                line = fetch_one(item, hf_home, offline, record, prog)
-        except FetchError as error:
-            print(f"{prog}: {error}", file=sys.stderr)
-            return EXIT_FETCH_FAILED
-        print(f"{prog}: {line}", file=sys.stderr)
+    try:
+        fetch_all(settings, prog, check)
+    except FetchError as error:
+        print(f"{prog}: {error}", file=sys.stderr)
+        return EXIT_FETCH_FAILED
     return 0
 
 
 def _run(args: argparse.Namespace) -> int:
-    plan = sys.stdin.read() if args.plan_on_stdin else None
-    return run_fetch(os.environ, args.launcher, args.prog, plan, check=args.check)
+    return run_fetch(os.environ, args.launcher, args.prog, check=args.check)
 
 
 def add_command(commands: argparse._SubParsersAction) -> None:
@@ -235,11 +73,6 @@ def add_command(commands: argparse._SubParsersAction) -> None:
         help="whose checkpoints: dflash (target and drafter) or mtp (target)",
     )
     parser.add_argument("--prog", default="sparkserve fetch", help="name to put on log lines")
-    parser.add_argument(
-        "--plan-on-stdin",
-        action="store_true",
-        help="the launchers' own: the launch plan `knobs resolve` made comes on stdin",
-    )
     parser.add_argument(
         "--check",
         action="store_true",

@@ -1,6 +1,6 @@
 """What shell reads from Python: quoted words for people, NUL-separated records for the launchers.
 
-The launchers take their settings and vLLM's command from Python steps (launcher_exports) as
+The launchers take vLLM's command and their companions' from Python (sparkserve.start.cli) as
 `records`, which serve_common.sh's set_variables reads as data into shell variables, never
 as code: no `eval`, so no value (a model name, EXTRA_ARGS, a key) can ever run in the shell.
 A record is `scalar NAME VALUE` or `array NAME COUNT WORD...`, every field ended by a NUL

@@ -1,6 +1,6 @@
 """vLLM's whole command line and environment, decided in one place from the resolved settings.
 
-The launchers exec exactly what `vllm_command` returns (through `sparkserve knobs command`);
+The launchers exec exactly what `vllm_command` returns (through `sparkserve start`);
 `DRY_RUN=1` prints it. Besides the settings it needs three facts about this machine: the
 installed vLLM's release (for the workarounds), whether the target is hybrid (from its
 config.json: the Mamba flags apply to hybrid targets only) and, on a pair, this node's address
