@@ -258,8 +258,9 @@ PANELS: tuple[PanelSpec, ...] = (
         "Memory guard",
         "Per host: 1 while a guard watches vLLM and its state file is fresh (rewritten within "
         f"{GUARD_FRESH_S} s; a file a dead guard left shows 0 here and fires GuardStateStale); "
-        "a trip shows 1 on its reason (mem_available, swap_out or psi) and stays until the next "
-        "start. A trip means vLLM was stopped: read docs/METRICS.md before GUARD_RESUME=1.",
+        "a trip shows 1 on its reason (mem_available, swap_out, psi or oom_kill) and stays until "
+        "the next start. A trip means vLLM was stopped: read docs/METRICS.md before "
+        "GUARD_RESUME=1.",
         "short",
         (
             Query(
