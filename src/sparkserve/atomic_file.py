@@ -13,10 +13,12 @@ OSError is raised to the caller.
 from __future__ import annotations
 
 import contextlib
+import io
 import os
 import secrets
 import stat
 from pathlib import Path
+from typing import Any
 
 
 def replace_bytes(path: Path, data: bytes) -> None:
@@ -48,6 +50,13 @@ def replace_bytes(path: Path, data: bytes) -> None:
 def replace_text(path: Path, text: str, encoding: str = "utf-8") -> None:
     """replace_bytes for text."""
     replace_bytes(path, text.encode(encoding))
+
+
+def replace_figure(figure: Any, path: Path, dpi: int) -> None:
+    """A matplotlib figure saved as PNG, replaced whole (rendered in memory first)."""
+    buffer = io.BytesIO()
+    figure.savefig(buffer, format="png", dpi=dpi)
+    replace_bytes(path, buffer.getvalue())
 
 
 def _sync_folder(folder: Path) -> None:
