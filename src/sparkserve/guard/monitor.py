@@ -439,36 +439,25 @@ def configure(parser: argparse.ArgumentParser) -> None:
         **_knob_option("GUARD_SWAP_MB_S", "--swap-mb-s"),
         help="stop when swap-out exceeds this many MB/s over --window-s (0: off)",
     )
-    add(
-        "--window-s",
-        type=ranged(float, "--window-s", 0.5, 60),
-        default=2.0,
-        help="seconds over which the swap-out rate is measured",
-    )
-    add(
-        "--danger-s",
-        type=ranged(float, "--danger-s", 0, 60),
-        default=DANGER_S,
-        help="seconds a danger must hold before it stops vLLM (0: the first reading)",
-    )
+
+    def seconds(option: str, low: float, high: float, default: float, what: str) -> None:
+        add(option, type=ranged(float, option, low, high), default=default, help=what)
+
+    seconds("--window-s", 0.5, 60, 2.0, "seconds over which the swap-out rate is measured")
+    seconds("--danger-s", 0, 60, DANGER_S, "seconds a danger must hold to stop vLLM (0: at once)")
     add(
         "--psi-full-pct",
         **_knob_option("GUARD_PSI_PCT", "--psi-full-pct"),
         help="stop when PSI memory 'full' avg10 reaches this many percent (0: off)",
     )
-    add("--interval-s", type=ranged(float, "--interval-s", 0.05, 10), default=0.2)
+    seconds("--interval-s", 0.05, 10, 0.2, "seconds between readings (less while memory falls)")
     add(
         "--beat-fd",
         type=int,
         default=None,
         help="write one byte to this file descriptor at each reading (the keeper's hang check)",
     )
-    add(
-        "--grace-s",
-        type=ranged(float, "--grace-s", 0, 600),
-        default=15.0,
-        help="seconds between SIGTERM and SIGKILL",
-    )
+    seconds("--grace-s", 0, 600, 15.0, "seconds between SIGTERM and SIGKILL")
     add(
         "--marker",
         type=Path,
