@@ -14,11 +14,11 @@ killer killed a process in this server's cgroup, or MemAvailable fell below half
 Then it
 
 1. logs why, with the numbers, on stderr (the container's log);
-2. stops vLLM at once, never letting it drain (sparkserve.guard.stopping): SIGKILL below its API
-   server, SIGTERM to the API server, SIGKILL to it after a grace period;
-3. meanwhile, on a thread of its own, writes a marker (JSON) to the model-cache volume, which
-   the launcher reads on its next start and refuses to start until the user sets
-   GUARD_RESUME=1 (docs/MEMORY.md).
+2. writes a marker (JSON) to the model-cache volume, on a thread of its own, which the
+   launcher reads on its next start and refuses to start until the user sets GUARD_RESUME=1
+   (docs/MEMORY.md); it waits at most half a second for the disk before:
+3. stops vLLM at once, never letting it drain (sparkserve.guard.stopping): SIGKILL below its API
+   server, SIGTERM to the API server, SIGKILL to it after a grace period.
 
 With --textfile-dir it also keeps its state in a Prometheus text file there (guard/textfile.py)
 for node-exporter's textfile collector, written by a thread of its own: no disk delays a reading.
@@ -178,7 +178,7 @@ def emergency(limits: Limits, available: int, oom_kills: int) -> tuple[str, str]
     if oom_kills > 0:
         return "oom_kill", (
             f"the OOM killer killed {oom_kills} process(es) in this server's memory cgroup "
-            "(oom_kill in memory.events)"
+            "(its oom_kill count)"
         )
     if available < limits.hard_floor_bytes:
         return "mem_available", (
@@ -267,7 +267,11 @@ def watch(
 
 
 STATE_CLOSE_S = 5.0  # the most the guard's exit waits for its last state to reach the disk
-MARKER_WAIT_S = 30.0  # ... and for its record of a stop, written while it stops vLLM
+# The record of a stop must be on the volume before the launcher exits (the container's end
+# takes the guard with it), yet a slow disk must not hold the stop: it is written on a thread,
+# waited for up to MARKER_FIRST_S before the stop and up to MARKER_WAIT_S after it.
+MARKER_FIRST_S = 0.5
+MARKER_WAIT_S = 30.0
 
 
 class Signals:
@@ -398,14 +402,14 @@ def _stop(
     writer: guard_textfile.StateWriter,
     beat: Beat,
 ) -> int:
-    """Stop vLLM now; the record goes to the volume meanwhile, on a thread (a slow disk must
-    not delay the stop), and is waited for before the guard exits."""
+    """Stop vLLM; the record is written on a thread (MARKER_FIRST_S, MARKER_WAIT_S)."""
     recording = threading.Thread(target=write_marker, args=(marker, trip, pid), daemon=True)
     recording.start()
     state.tripped, state.trip_time = rule, trip.at
     writer.post(state)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)  # our parent's death is expected now
-    beat.close()
+    beat.close()  # the keeper now waits for our exit instead of judging silence
+    recording.join(MARKER_FIRST_S)
     how = stop(tree, grace_s)
     log(f"vLLM (pid {pid}) {how}")
     recording.join(MARKER_WAIT_S)
