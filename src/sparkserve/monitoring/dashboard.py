@@ -199,7 +199,7 @@ PANELS: tuple[PanelSpec, ...] = (
         "Host MemAvailable, OS reserve and guard floor",
         "Per host: MemAvailable must stay above OS_RESERVE_GB (14 GiB; ~15 GiB is left under "
         "peak 3-stream load at GPU_MEM 0.82 on a Spark). At the guard's floor (half the "
-        "reserve) the guard stops vLLM.",
+        "reserve) the guard stops vLLM if it stays 3 s, at half of it at once.",
         "bytes",
         (
             Query(f"node_memory_MemAvailable_bytes{HOST}", "{{instance}}: MemAvailable"),
