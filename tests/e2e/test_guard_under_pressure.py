@@ -1,6 +1,7 @@
 """The memory guard stops a real vLLM CPU server (started through mtp_serve.sh, which starts the
 guard itself) when a memory hog pushes MemAvailable under a floor set from this machine's
-current state; the planner predicts that server's pool."""
+current state and keeps it there past the guard's danger window; the planner predicts that
+server's pool."""
 
 from __future__ import annotations
 
