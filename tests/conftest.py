@@ -58,7 +58,8 @@ ONE_PROCESS = (
     "tests/e2e/test_stress_pair.py::",
     "tests/e2e/test_stress_server.py::",
     "tests/e2e/test_tune_servers.py::",
-    "tests/guard/test_guard.py::test_a_fast_hog_is_stopped_right_after_it_crosses_the_floor",
+    "tests/guard/test_danger_window.py::",
+    "tests/guard/test_guard.py::test_a_fast_hog_is_stopped_under_half_the_floor_at_once",
 )
 # The longest module after the container test's group: it starts at once in the third process.
 CLUSTER_PAIR = "tests/e2e/test_cluster_pair.py"

@@ -297,26 +297,29 @@ def test_a_hung_guard_is_killed_and_replaced(tmp_path: Path) -> None:
 
 
 @pytest.mark.memory_hog
-def test_a_fast_hog_is_stopped_right_after_it_crosses_the_floor(tmp_path: Path) -> None:
-    """benchmarks/guard_reaction.py, one run: the watched process itself eats memory as fast as
-    it can; the guard must SIGTERM it within its promised reaction to MemAvailable crossing the
-    floor. Prints how low MemAvailable got and the time from the first reading under the floor
-    to the SIGTERM. In a memory cgroup of its own (7.5 GiB, the benchmark's need for a 3 GiB
-    hog): the hog fills that, and the other test process's servers cannot move its floor."""
+def test_a_fast_hog_is_stopped_under_half_the_floor_at_once(tmp_path: Path) -> None:
+    """benchmarks/guard_reaction.py, one run of its emergency rule: the watched process itself
+    eats memory as fast as it can, through the floor and on; the guard must SIGTERM it within
+    its promised reaction to MemAvailable crossing half the floor, without waiting out its
+    danger window (60 s here). Prints how low MemAvailable got and the time from the first
+    reading under half the floor to the SIGTERM. In a memory cgroup of its own (7.5 GiB, for a
+    hog of up to 3 GiB): the hog fills that, and the other test process's servers cannot move
+    its floor."""
     if read_meminfo().available < 9 * GIB:
         pytest.skip("under 9 GiB available: too little for the benchmark's 7.5 GiB cgroup")
     out = tmp_path / "reaction.json"
     with memory_cgroup(15 * GIB // 2) as cgroup:
         done = subprocess.run(
             [sys.executable, str(REPO / "benchmarks" / "guard_reaction.py"), "--runs", "1",
-             "--below-gib", "1.5", "--cap-gib", "3", "--json", str(out)],
+             "--rule", "emergency", "--below-gib", "1.5", "--cap-gib", "3", "--json", str(out)],
             env=ENV, capture_output=True, text=True, timeout=300, preexec_fn=cgroup.preexec,
         )  # fmt: skip
     assert done.returncode == 0, done.stdout + done.stderr
     print(done.stdout)
     run = json.loads(out.read_text())["runs"][0]
-    assert "fell below the floor" in (run["reason"] or ""), run["guard_log"]
-    # Negative when the guard read MemAvailable under the floor while the hog was still
+    assert "fell below half the floor" in (run["reason"] or ""), run["guard_log"]
+    assert "danger: MemAvailable" in run["guard_log"]  # it crossed the floor first
+    # Negative when the guard read MemAvailable under the level while the hog was still
     # inside the chunk it samples after.
     assert run["first_below_to_sigterm_ms"] is not None, run
     assert run["first_below_to_sigterm_ms"] < 1000 * GUARD_REACTION_S

@@ -9,12 +9,19 @@ from pathlib import Path
 
 from sparkserve.cluster import wire
 from sparkserve.guard import keeper as guard_keeper
+from sparkserve.guard.danger import DANGER_S
 
 REPO = Path(__file__).resolve().parents[2]
 
-# docs/MEMORY.md ("The guard"): it stops the server within 2 s of MemAvailable crossing the
-# floor (the engine SIGKILLed, the API server SIGTERMed; the exit follows within the grace).
+# docs/MEMORY.md ("The guard"): in an emergency (MemAvailable under half the floor, an OOM kill
+# in the server's cgroup) it stops the server within 2 s of the crossing (the engine SIGKILLed,
+# the API server SIGTERMed; the exit follows within the grace).
 GUARD_REACTION_S = 2.0
+
+# docs/MEMORY.md ("The guard"): a danger that holds (MemAvailable under the floor, above half
+# of it) stops the server within the danger window (guard/danger.py) plus that reaction, from
+# MemAvailable crossing the floor.
+GUARD_WINDOW_STOP_S = DANGER_S + GUARD_REACTION_S
 
 # docs/MEMORY.md ("A guard that dies"): a guard killed while vLLM runs is noticed at once; a
 # new one writes its state within 5 s (a Python start on a busy host), and at its 4th death in

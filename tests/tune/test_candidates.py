@@ -3,6 +3,7 @@ a server that is not sparkserve's (sparkserve.tune), without a server."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -22,6 +23,7 @@ from sparkserve.tune.candidates import (
 )
 from sparkserve.tune.cli import write_env
 from sparkserve.tune.workload import file_prompts
+from support.tmpfs import tiny_tmpfs
 
 SPARK = 128 * GIB  # about a Spark's unified memory (the plan's figure is 121.7 GiB)
 
@@ -63,6 +65,30 @@ def test_write_env_replaces_the_knobs_line_or_appends_it(tmp_path: Path) -> None
     env.write_text("# mine\nGPU_MEM=0.82\nPORT=8000\n")
     write_env(env, {"GPU_MEM": "0.76", "NUM_SPEC_TOKENS": "8"})
     assert env.read_text() == "# mine\nGPU_MEM=0.76\nPORT=8000\nNUM_SPEC_TOKENS=8\n"
+
+
+def test_write_env_keeps_the_files_mode_and_every_other_line(tmp_path: Path) -> None:
+    env = tmp_path / ".env"
+    env.write_text("API_KEY=secret\nHF_TOKEN=hf_abc\nGPU_MEM=0.82\n")
+    env.chmod(0o600)
+    write_env(env, {"GPU_MEM": "0.78"})
+    assert env.read_text() == "API_KEY=secret\nHF_TOKEN=hf_abc\nGPU_MEM=0.78\n"
+    assert env.stat().st_mode & 0o7777 == 0o600
+    assert os.listdir(tmp_path) == [".env"]
+
+
+def test_write_env_on_a_full_disk_leaves_the_env_as_it_was(tmp_path: Path) -> None:
+    """The API key and the token survive a rewrite that cannot be written: a tmpfs too small
+    for the new file."""
+    with tiny_tmpfs(tmp_path / "disk", size="8k") as disk:
+        env = disk / ".env"
+        old = "API_KEY=secret\nHF_TOKEN=hf_abc\n" + "# padding\n" * 600  # 2 pages of 2: full
+        env.write_text(old)
+        env.chmod(0o600)
+        with pytest.raises(OSError, match="No space left on device"):
+            write_env(env, {"GPU_MEM": "0.78"})
+        assert env.read_text() == old and env.stat().st_mode & 0o7777 == 0o600
+        assert os.listdir(disk) == [".env"]
 
 
 def test_prompts_file_lines_must_hold_a_prompt(tmp_path: Path) -> None:

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from sparkserve import __version__
+from sparkserve.atomic_file import replace_text
 from sparkserve.bench.prompts import KINDS
 from sparkserve.bench.report import markdown
 from sparkserve.bench.run import Bench, BenchConfig
@@ -133,7 +134,7 @@ def write_outputs(out: Path, result: dict[str, Any]) -> None:
         plot(result, out / "bench.png")
 
     tool.write_result(out, result, draw)
-    (out / "bench.md").write_text(markdown(result))
+    replace_text(out / "bench.md", markdown(result))
 
 
 COMMAND = tool.LoadCommand(

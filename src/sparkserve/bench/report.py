@@ -7,6 +7,8 @@ import statistics
 from pathlib import Path
 from typing import Any
 
+from sparkserve.atomic_file import replace_figure
+
 
 def _f(value: Any, digits: int = 2) -> str:
     if value is None:
@@ -172,6 +174,6 @@ def plot(result: dict[str, Any], out: Path) -> Path:
     fig.suptitle(f"sparkserve bench: {result['model']} ({result['started_at']})", fontsize=10)
     fig.tight_layout()
     out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, dpi=110)
+    replace_figure(fig, out, dpi=110)
     plt.close(fig)
     return out

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from sparkserve import command_line as cl
+from sparkserve.atomic_file import replace_text
 from sparkserve.client.server import PreflightError, Server, ServerInfo
 from sparkserve.command_line import UsageError
 from sparkserve.knobs.registry import KnobError
@@ -141,7 +142,7 @@ def write_report(
     except ImportError as exc:
         document["files"]["png"] = None
         say(f"[{tag}] no plot: {exc} (install matplotlib)")
-    (out / f"{stem}.json").write_text(json.dumps(document, indent=2, default=str) + "\n")
+    replace_text(out / f"{stem}.json", json.dumps(document, indent=2, default=str) + "\n")
     say(f"[{tag}] wrote {out}/" + ", ".join(f for f in document["files"].values() if f))
 
 
@@ -199,4 +200,4 @@ def write_result(out: Path, result: dict[str, Any], draw: Callable[[], None]) ->
     except ImportError as exc:
         result["files"]["png"] = None
         say(f"[{stem}] no plot: {exc} (install matplotlib)")
-    (out / f"{stem}.json").write_text(json.dumps(result, indent=2) + "\n")
+    replace_text(out / f"{stem}.json", json.dumps(result, indent=2) + "\n")

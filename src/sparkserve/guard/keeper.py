@@ -34,7 +34,6 @@ import subprocess
 import sys
 import time
 from collections import deque
-from pathlib import Path
 
 from sparkserve.command_line import EXIT_BAD_INPUT, EXIT_OK, EXIT_STOPPED, fail, standalone
 from sparkserve.guard import monitor as guard
@@ -93,8 +92,24 @@ def keep(argv: list[str], args: argparse.Namespace) -> int:
     state = guard.state_of(guard.limits_of(args), int(args.os_reserve_gb * GIB))
     hung_after_s = max(HUNG_AFTER_S, 3 * args.interval_s)
     deaths: deque[float] = deque()
-    with contextlib.suppress(OSError):  # as the guard: the last thing the OOM killer picks
-        Path("/proc/self/oom_score_adj").write_text("-500")
+    # The state file by a thread of its own, as the guard does: a slow disk must not delay the
+    # next guard's start.
+    writer = guard_textfile.StateWriter(args.textfile_dir)
+    try:
+        return _keep(argv, args, tree, state, hung_after_s, deaths, writer)
+    finally:
+        writer.close(guard.STATE_CLOSE_S)  # what it posted; never over the guard's last
+
+
+def _keep(
+    argv: list[str],
+    args: argparse.Namespace,
+    tree: Tree,
+    state: guard_textfile.GuardState,
+    hung_after_s: float,
+    deaths: deque[float],
+    writer: guard_textfile.StateWriter,
+) -> int:
     while True:
         pid, returncode = run_guard(argv, hung_after_s)
         if returncode == EXIT_STOPPED:
@@ -103,7 +118,7 @@ def keep(argv: list[str], args: argparse.Namespace) -> int:
             return EXIT_OK
         # The guard is gone and vLLM runs unguarded: say so, in the state file too.
         state.watching = False
-        guard_textfile.write(args.textfile_dir, state)
+        writer.post(state)
         now = time.monotonic()
         deaths.append(now)
         while deaths and now - deaths[0] > WINDOW_S:

@@ -261,21 +261,23 @@ KNOBS: tuple[Knob, ...] = (
              "again; off uses the built-in table, tuned on an H200."),
     # The memory guard (sparkserve guard, docs/MEMORY.md)
     Knob("GUARD", "bool", "1", group="memory",
-         why="1 starts the memory guard next to vLLM: it stops vLLM at once (no drain: the "
-             "engine SIGKILLed, the API server SIGTERMed) before low memory or heavy swapping "
-             "takes the host down; 0 disables it."),
+         why="1 starts the memory guard next to vLLM: when low memory, heavy swapping or "
+             "memory pressure holds for 3 s (at once below half GUARD_FLOOR_GB, or after an "
+             "OOM kill in its container) it stops vLLM without a drain (the engine SIGKILLed, "
+             "the API server SIGTERMed) before the host is lost; 0 disables it."),
     Knob("GUARD_FLOOR_GB", "float", "", minimum=0.5, maximum=64, group="memory",
          empty_ok=True,
-         why="The guard stops vLLM when MemAvailable falls below this many GiB (in a "
-             "container with a memory limit: what is left under the limit, where that is "
-             "less); empty means half of OS_RESERVE_GB."),
+         why="The guard stops vLLM when MemAvailable stays below this many GiB for 3 s, at "
+             "once below half of it (in a container with a memory limit: what is left under "
+             "the limit, where that is less); empty means half of OS_RESERVE_GB."),
     Knob("GUARD_SWAP_MB_S", "float", "256", minimum=0, maximum=100000, group="memory",
-         why="The guard stops vLLM when swap-out runs faster than this many MB/s over 2 s "
-             "(a thrashing host); 0 disables this check."),
+         why="The guard stops vLLM when swap-out runs faster than this many MB/s over 2 s, "
+             "and keeps doing so for 3 s (a thrashing host); 0 disables this check."),
     Knob("GUARD_PSI_PCT", "float", "40", minimum=0, maximum=100, group="memory",
          why="The guard stops vLLM when memory pressure (PSI 'full' avg10: share of the last "
-             "10 s with every task stalled on memory) reaches this many percent, the early "
-             "sign of a host about to freeze; 0 disables this check."),
+             "10 s with every task stalled on memory; its container's own where the kernel "
+             "keeps one, else the host's) stays at or above this many percent for 3 s, the "
+             "early sign of a host about to freeze; 0 disables this check."),
     Knob("GUARD_RESUME", "bool", "0", group="memory",
          why="After the guard stopped vLLM the launcher refuses to start until a container "
              "created with this set to 1 starts: its first start clears the guard's record. "

@@ -5,7 +5,9 @@ A container started with a memory limit (Compose's `mem_limit`, `docker run -m`)
 OOM kill. The kernel keeps the container's figures in its memory cgroup; this module finds that
 cgroup (v1's memory controller or the v2 hierarchy) and reads the limit that applies to it (the
 lowest on the way up to the root) and what it uses, less the page cache the kernel can drop
-(inactive file pages: what `docker stats` also leaves out).
+(inactive file pages: what `docker stats` also leaves out). The memory guard also reads the
+cgroup's own danger signals here: its OOM kills (v2 memory.events, v1 memory.oom_control) and
+where its memory PSI file is (v2 memory.pressure).
 """
 
 from __future__ import annotations
@@ -89,26 +91,32 @@ def read_v2(folder: Path, mount_point: Path) -> CgroupMemory:
     )
 
 
-def _v1(proc: Path, path: str) -> CgroupMemory | None:
+def _v1_folder(proc: Path, path: str) -> Path | None:
     for root, point, kind, options in cgroup_mounts(proc):
         if kind == "cgroup" and "memory" in options.split(","):
             folder = _inside(root, point, path)
-            if folder is None or not (folder / "memory.stat").exists():
-                return None
-            return read_v1(folder)
+            return folder if folder is not None and (folder / "memory.stat").exists() else None
     return None
 
 
-def _v2(proc: Path, path: str) -> CgroupMemory | None:
+def _v2_folder(proc: Path, path: str) -> tuple[Path, Path] | None:
+    """(the cgroup's folder, the hierarchy's mount point)."""
     for root, point, kind, _ in cgroup_mounts(proc):
         folder = _inside(root, point, path) if kind == "cgroup2" else None
         if folder is not None and (folder / "memory.current").exists():
-            return read_v2(folder, point)
+            return folder, point
     return None
 
 
-def read_cgroup_memory(proc: Path = Path("/proc")) -> CgroupMemory | None:
-    """This process's memory cgroup with a limit, or None: no memory cgroup, or no limit set."""
+@dataclass(frozen=True)
+class CgroupFolder:
+    path: Path
+    version: str  # "v1" (the memory controller's hierarchy) or "v2"
+    mount_point: Path
+
+
+def memory_cgroup_folder(proc: Path = Path("/proc")) -> CgroupFolder | None:
+    """This process's memory cgroup, with a limit or not; None where there is none to read."""
     try:
         lines = (proc / "self" / "cgroup").read_text().splitlines()
     except OSError:
@@ -121,9 +129,47 @@ def read_cgroup_memory(proc: Path = Path("/proc")) -> CgroupMemory | None:
         elif controllers == "":
             v2 = path
     try:
-        found = _v1(proc, v1) if v1 is not None else None
-        if found is None and v2 is not None:
-            found = _v2(proc, v2)
+        if v1 is not None and (found := _v1_folder(proc, v1)) is not None:
+            return CgroupFolder(found, "v1", found)
+        if v2 is not None and (pair := _v2_folder(proc, v2)) is not None:
+            return CgroupFolder(pair[0], "v2", pair[1])
     except (OSError, ValueError):
         return None
-    return found if found is not None and found.limit < UNLIMITED else None
+    return None
+
+
+def read_cgroup_memory(proc: Path = Path("/proc")) -> CgroupMemory | None:
+    """This process's memory cgroup with a limit, or None: no memory cgroup, or no limit set."""
+    folder = memory_cgroup_folder(proc)
+    if folder is None:
+        return None
+    try:
+        if folder.version == "v1":
+            found = read_v1(folder.path)
+        else:
+            found = read_v2(folder.path, folder.mount_point)
+    except (OSError, ValueError):
+        return None
+    return found if found.limit < UNLIMITED else None
+
+
+def read_oom_kills(folder: CgroupFolder) -> int | None:
+    """Processes the OOM killer has killed in the cgroup (and below it) since it was made: v2's
+    memory.events `oom_kill`, v1's memory.oom_control `oom_kill` (Linux 4.13+); None where the
+    kernel gives no count."""
+    name = "memory.events" if folder.version == "v2" else "memory.oom_control"
+    try:
+        for line in (folder.path / name).read_text().splitlines():
+            key, _, value = line.partition(" ")
+            if key == "oom_kill" and value.strip().isdigit():
+                return int(value)
+    except OSError:
+        return None
+    return None
+
+
+def pressure_file(folder: CgroupFolder) -> Path | None:
+    """The cgroup's own memory PSI file (v2, or v1 on a kernel booted with psi cgroup v1
+    support), or None."""
+    path = folder.path / "memory.pressure"
+    return path if path.is_file() else None

@@ -199,7 +199,7 @@ PANELS: tuple[PanelSpec, ...] = (
         "Host MemAvailable, OS reserve and guard floor",
         "Per host: MemAvailable must stay above OS_RESERVE_GB (14 GiB; ~15 GiB is left under "
         "peak 3-stream load at GPU_MEM 0.82 on a Spark). At the guard's floor (half the "
-        "reserve) the guard stops vLLM.",
+        "reserve) the guard stops vLLM if it stays 3 s, at half of it at once.",
         "bytes",
         (
             Query(f"node_memory_MemAvailable_bytes{HOST}", "{{instance}}: MemAvailable"),
@@ -258,8 +258,9 @@ PANELS: tuple[PanelSpec, ...] = (
         "Memory guard",
         "Per host: 1 while a guard watches vLLM and its state file is fresh (rewritten within "
         f"{GUARD_FRESH_S} s; a file a dead guard left shows 0 here and fires GuardStateStale); "
-        "a trip shows 1 on its reason (mem_available, swap_out or psi) and stays until the next "
-        "start. A trip means vLLM was stopped: read docs/METRICS.md before GUARD_RESUME=1.",
+        "a trip shows 1 on its reason (mem_available, swap_out, psi or oom_kill) and stays until "
+        "the next start. A trip means vLLM was stopped: read docs/METRICS.md before "
+        "GUARD_RESUME=1.",
         "short",
         (
             Query(

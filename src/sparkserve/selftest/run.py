@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from sparkserve import recipes
+from sparkserve.atomic_file import replace_text
 from sparkserve.knobs.registry import BY_NAME
 from sparkserve.memory.checkpoint import hf_home
 from sparkserve.selftest import cases, checks
@@ -209,4 +210,4 @@ def write_json(out: Path, geometry: str, models: Models, cuda: bool, results: di
         "vocab": models.vocab, "cuda": cuda,
         "cases": {case: [asdict(r) for r in rs] for case, rs in results.items()},
     }  # fmt: skip
-    (out / "selftest.json").write_text(json.dumps(document, indent=1, default=str))
+    replace_text(out / "selftest.json", json.dumps(document, indent=1, default=str))

@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import csv
 import datetime as dt
+import io
 import json
 import math
 import time
@@ -21,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from sparkserve import __version__
+from sparkserve.atomic_file import replace_text
 from sparkserve.client import metrics, tool
 from sparkserve.client.server import PreflightError, ServerError
 from sparkserve.client.tool import UsageError, say
@@ -190,11 +192,12 @@ def write_outputs(
     out: Path, result: dict[str, Any], samples: list[Sample], worst_t: float | None, reserve: float
 ) -> None:
     fields = list(Sample.__dataclass_fields__)
-    with (out / "stress.csv").open("w", newline="") as handle:
-        writer = csv.DictWriter(handle, fieldnames=fields)
-        writer.writeheader()
-        for sample in samples:
-            writer.writerow(sample.row())
+    table = io.StringIO(newline="")
+    writer = csv.DictWriter(table, fieldnames=fields)
+    writer.writeheader()
+    for sample in samples:
+        writer.writerow(sample.row())
+    replace_text(out / "stress.csv", table.getvalue())
 
     def draw() -> None:
         from sparkserve.stress.plot import plot

@@ -7,6 +7,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from sparkserve.atomic_file import replace_figure
 from sparkserve.stress.sampler import Sample
 
 
@@ -84,6 +85,6 @@ def plot(
     bottom.legend(handles, labels, loc="upper left", fontsize=8, ncol=3)
     fig.tight_layout()
     out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, dpi=110)
+    replace_figure(fig, out, dpi=110)
     plt.close(fig)
     return out

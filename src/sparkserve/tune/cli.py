@@ -26,6 +26,7 @@ from typing import Any
 
 from sparkserve import __version__
 from sparkserve import command_line as cl
+from sparkserve.atomic_file import replace_text
 from sparkserve.bench.prompts import KINDS
 from sparkserve.client.tool import say, write_report
 from sparkserve.guard.monitor import marker_path
@@ -199,7 +200,9 @@ def _stress(
 
 
 def write_env(path: Path, changes: Mapping[str, str]) -> None:
-    """Set each knob's line in a .env (replaced where it is, appended where it is not)."""
+    """Set each knob's line in a .env (replaced where it is, appended where it is not). The
+    file is replaced whole, keeping its mode (atomic_file): it holds API_KEY and HF_TOKEN, and
+    a crash or a full disk must never leave it cut short."""
     lines = path.read_text().splitlines() if path.is_file() else []
     for key, value in changes.items():
         pattern = re.compile(rf"^\s*(export\s+)?{re.escape(key)}\s*=")
@@ -208,14 +211,18 @@ def write_env(path: Path, changes: Mapping[str, str]) -> None:
             lines[hits[-1]] = f"{key}={value}"
         else:
             lines.append(f"{key}={value}")
-    path.write_text("\n".join(lines) + "\n")
+    replace_text(path, "\n".join(lines) + "\n")
 
 
 def _recommend(args: argparse.Namespace, knob: str, value: str) -> int:
     """The knob line on stdout, and into the .env file only when asked (--write-env)."""
     print(knob_lines({knob: value}), end="", flush=True)
     if args.write_env is not None:
-        write_env(args.write_env, {knob: value})
+        try:
+            write_env(args.write_env, {knob: value})
+        except OSError as error:
+            say(f"[tune] cannot write {args.write_env}: {error.strerror}; it is as it was")
+            return cl.EXIT_IO
         say(f"[tune] wrote {knob}={value} into {args.write_env}")
     return cl.EXIT_OK
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from sparkserve.atomic_file import replace_figure
 from sparkserve.bench.report import nan_for_none
 
 COLOURS = {"PASS": "#2a9d4b", "FAIL": "#c0392b", "REFUSED": "#999999", "NO-START": "#e08e0b"}
@@ -42,7 +43,7 @@ def plot_memory(result: dict[str, Any], path: Path) -> None:
         fontsize=11,
     )
     fig.tight_layout()
-    fig.savefig(path, dpi=100)
+    replace_figure(fig, path, dpi=100)
     plt.close(fig)
 
 
@@ -78,5 +79,5 @@ def plot_draft(result: dict[str, Any], path: Path) -> None:
         fontsize=11,
     )
     fig.tight_layout()
-    fig.savefig(path, dpi=100)
+    replace_figure(fig, path, dpi=100)
     plt.close(fig)

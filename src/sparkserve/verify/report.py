@@ -7,6 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from sparkserve.atomic_file import replace_figure
 from sparkserve.selftest.checks import Result, mark
 
 
@@ -41,5 +42,5 @@ def plot(document: dict[str, Any], path: Path) -> None:
     axis.set_title(f"sparkserve verify {document['prompt_set']}: {document['model']} - {verdict}",
                    fontsize=10)  # fmt: skip
     fig.tight_layout()
-    fig.savefig(path, dpi=100)
+    replace_figure(fig, path, dpi=100)
     plt.close(fig)

@@ -28,6 +28,7 @@ from typing import Any
 
 from sparkserve import __version__
 from sparkserve import command_line as cl
+from sparkserve.atomic_file import replace_text
 from sparkserve.bench.benchy import corpus, report
 from sparkserve.bench.benchy.profiles import PROFILES, Profile, parse_depths, profile_named
 from sparkserve.bench.benchy.run import Run, run_llama_benchy
@@ -180,7 +181,7 @@ def _run(args: argparse.Namespace, env: Mapping[str, str]) -> int:
     }  # fmt: skip
     table = report.llama_benchy_table(document, out / "llama-benchy.md")
     text_md = report.markdown(document, table)
-    (out / "benchy.md").write_text(text_md)
+    replace_text(out / "benchy.md", text_md)
     tool.write_report(out, "benchy", document, report.plot, "llama-benchy")
     if document["error"]:
         say(f"[llama-benchy] {document['error']}")

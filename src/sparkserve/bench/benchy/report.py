@@ -9,6 +9,7 @@ import io
 from pathlib import Path
 from typing import Any
 
+from sparkserve.atomic_file import replace_figure
 from sparkserve.bench.report import nan_for_none, tokens_per_s_axes
 
 
@@ -148,6 +149,6 @@ def plot(document: dict[str, Any], out: Path) -> Path:
         fontsize=10,
     )
     fig.tight_layout()
-    fig.savefig(out, dpi=110)
+    replace_figure(fig, out, dpi=110)
     plt.close(fig)
     return out
