@@ -71,6 +71,12 @@ def spark_cases(geometry: tuple[Path, Path]) -> dict[str, tuple[list[str], dict[
         "bf16-head": ([*spark, "--keep-bf16-lmhead", "1"], {}),
         "int8-head": ([*spark, "--keep-bf16-lmhead", "0"], {}),
         "text": ([*spark[:-1], "--keep-bf16-lmhead", "1"], {}),
+        "page-divide": (
+            [*spark, "--keep-bf16-lmhead", "1", "--with-patch", "hybrid-page-divide"], {}
+        ),
+        "page-divide-text": (
+            [*spark[:-1], "--keep-bf16-lmhead", "1", "--with-patch", "hybrid-page-divide"], {}
+        ),
         # EXTRA_ARGS come last on the launcher's command line, and vLLM takes the last
         "extra-args": (
             [*spark, "--keep-bf16-lmhead", "1"], {"EXTRA_ARGS": "--max-model-len 65536"}
@@ -179,6 +185,38 @@ def test_spark_figures_within_5_percent(
     assert plan["fits"] is True
     # Bandwidth-bound ceiling at one stream must be above the measured 28.2 tok/s base decode.
     assert plan["decode_ceiling"]["measured_low_short_context"] > 28.2
+
+
+def test_plan_says_the_hit_unit_and_the_page_divide_patchs_pool(
+    runs: dict[str, tuple[int, str, str]],
+) -> None:
+    """The Spark's DFlash layout: prefix hits in 4,480-token units (the target's attention
+    block doubled by page unification). Planned with the trial patch hybrid-page-divide: the
+    drafter's block halved to 1,120, hits in 1,120-token units, GDN pages padded 1.005x
+    instead of 2.01x and the pool 15% larger at the same memory (docs/MEMORY.md)."""
+    plans = {}
+    for name in ("bf16-head", "page-divide"):
+        status, out, err = runs[name]
+        assert status == 0, err[-3000:]
+        plans[name] = json.loads(out)["kv"]
+    stock, divided = plans["bf16-head"], plans["page-divide"]
+    print("page-divide plan:", json.dumps({n: {k: p[k] for k in ("pool_tokens", "hit_unit")}
+                                           for n, p in plans.items()}))  # fmt: skip
+    assert (stock["scheduler_block"], stock["hash_block"], stock["hit_unit"]) == (4480, 2240, 4480)
+    assert sorted({g["block_size"] for g in stock["groups"]}) == [2240, 4480]
+    assert (divided["scheduler_block"], divided["hash_block"], divided["hit_unit"]) == (
+        2240, 1120, 1120,
+    )  # fmt: skip
+    drafter = [g for g in divided["groups"] if g["draft_layers"]]
+    assert [(g["block_size"], g["draft_layers"]) for g in drafter] == [(1120, 6)]
+    assert {g["page_bytes"] for g in divided["groups"]} == {4_587_520}
+    assert divided["num_blocks"] > stock["num_blocks"]
+    assert 1.10 < divided["pool_tokens"] / stock["pool_tokens"] < 1.20
+    assert any("hybrid-page-divide" in note for note in divided["notes"])
+    status, text, _ = runs["page-divide-text"]
+    assert status == 0
+    assert re.search(r"prefix hits +in 1,120-token units", text), text
+    assert re.search(r"prefix hits +in 4,480-token units", runs["text"][1]), runs["text"][1]
 
 
 def test_plan_builds_vllms_config_from_the_launchers_command(
