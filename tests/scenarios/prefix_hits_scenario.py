@@ -67,7 +67,10 @@ class Engine:
         kv_config.cache_hit_alignment_tokens = utils.resolve_cache_hit_alignment_tokens(
             kv_config, config, scheduler_block, hash_block
         )
+        pool, _ = utils.get_kv_cache_capacity(config, kv_config)
         self.blocks = {
+            "pool_tokens": int(pool),
+            "num_blocks": int(kv_config.num_blocks),
             "scheduler_block": scheduler_block,
             "hash_block": hash_block,
             "hit_unit": kv_config.cache_hit_alignment_tokens,
