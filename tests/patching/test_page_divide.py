@@ -7,10 +7,8 @@ drafter/target page geometry, measured with vLLM's own scheduler
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -18,37 +16,21 @@ from pathlib import Path
 import pytest
 
 from sparkserve.patching import PAGE_DIVIDE, State
-from support import vllm_release
+from support import patch_runs, vllm_release
 from support.geometry import write_geometry_models
+from support.patch_runs import copy_of
 
 REPO = Path(__file__).resolve().parents[2]
 SCENARIO = REPO / "tests" / "scenarios" / "prefix_hits_scenario.py"
 
 
 def sparkserve_patch(*args: str | Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "sparkserve", "patch", "hybrid-page-divide", *map(str, args)],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env=dict(os.environ, PYTHONPATH=str(REPO / "src")),
-    )
-
-
-def copy_of(package: Path, tmp_path: Path) -> Path:
-    """A private copy of a vllm package (hard links: the patch's atomic rename breaks the
-    link of the one file it writes, so the installed tree stays as it was)."""
-    copy = tmp_path / "site-packages"
-    shutil.copytree(package, copy / "vllm", copy_function=os.link)
-    return copy
+    return patch_runs.sparkserve_patch(PAGE_DIVIDE.info.name, *args)
 
 
 @pytest.fixture()
 def release_copy(tmp_path: Path) -> Path:
-    spec = importlib.util.find_spec("vllm")
-    if spec is None or not spec.submodule_search_locations:
-        pytest.skip("the pinned vLLM is not installed: run through ./scripts/test.sh")
-    return copy_of(Path(next(iter(spec.submodule_search_locations))), tmp_path)
+    return patch_runs.release_copy(tmp_path)
 
 
 def hits(cases: dict[str, dict], tmp_path: Path, site: Path | None = None) -> dict:
@@ -103,10 +85,7 @@ def test_the_spark_geometry_hits_in_1120_token_units_with_the_patch(
 def test_the_release_is_recognised_applied_once_and_reverted(release_copy: Path) -> None:
     target = release_copy / "vllm" / PAGE_DIVIDE.info.target
     original = target.read_bytes()
-    check = sparkserve_patch("--vllm-root", release_copy, "--check")
-    assert check.returncode == 1, check
-    assert check.stdout.startswith("needed: hybrid-page-divide")
-    assert f"vLLM {vllm_release.release()}" in check.stdout
+    patch_runs.check_says_needed(PAGE_DIVIDE.info.name, release_copy, vllm_release.release())
     dry = sparkserve_patch("--vllm-root", release_copy, "--dry-run")
     assert dry.returncode == 0 and "+            return _divided" in dry.stdout
     assert target.read_bytes() == original

@@ -187,6 +187,16 @@ def test_spark_figures_within_5_percent(
     assert plan["decode_ceiling"]["measured_low_short_context"] > 28.2
 
 
+def kv_plans(runs: dict[str, tuple[int, str, str]], *names: str) -> dict[str, dict]:
+    """The named JSON plans' "kv" parts, each plan having exited 0."""
+    plans = {}
+    for name in names:
+        status, out, err = runs[name]
+        assert status == 0, err[-3000:]
+        plans[name] = json.loads(out)["kv"]
+    return plans
+
+
 def test_plan_says_the_hit_unit_and_the_page_divide_patchs_pool(
     runs: dict[str, tuple[int, str, str]],
 ) -> None:
@@ -194,11 +204,7 @@ def test_plan_says_the_hit_unit_and_the_page_divide_patchs_pool(
     block doubled by page unification). Planned with the trial patch hybrid-page-divide: the
     drafter's block halved to 1,120, hits in 1,120-token units, GDN pages padded 1.005x
     instead of 2.01x and the pool 15% larger at the same memory (docs/MEMORY.md)."""
-    plans = {}
-    for name in ("bf16-head", "page-divide"):
-        status, out, err = runs[name]
-        assert status == 0, err[-3000:]
-        plans[name] = json.loads(out)["kv"]
+    plans = kv_plans(runs, "bf16-head", "page-divide")
     stock, divided = plans["bf16-head"], plans["page-divide"]
     print("page-divide plan:", json.dumps({n: {k: p[k] for k in ("pool_tokens", "hit_unit")}
                                            for n, p in plans.items()}))  # fmt: skip
@@ -225,11 +231,7 @@ def test_plan_builds_vllms_config_from_the_launchers_command(
     """The plan's vLLM config is made from the launcher's own `vllm serve` arguments
     (launch.vllm_command), EXTRA_ARGS included: vLLM counts its capacity at the context the
     server will have, EXTRA_ARGS' 65,536 tokens, not MAX_MODEL_LEN's 262,144."""
-    plans = {}
-    for name in ("bf16-head", "extra-args"):
-        status, out, err = runs[name]
-        assert status == 0, err[-3000:]
-        plans[name] = json.loads(out)["kv"]
+    plans = kv_plans(runs, "bf16-head", "extra-args")
     plain, extra = plans["bf16-head"], plans["extra-args"]
     assert plain["max_concurrency"] == pytest.approx(plain["pool_tokens"] / 262144, rel=1e-3)
     assert extra["max_concurrency"] == pytest.approx(extra["pool_tokens"] / 65536, rel=1e-3)
