@@ -13,6 +13,7 @@ their first tokens then differing (a shared prefix). A hit is the second request
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import sys
@@ -112,11 +113,13 @@ class Engine:
                 if self.scheduler.requests[rid].num_computed_tokens
                 + out.num_scheduled_tokens[rid] >= self.scheduler.requests[rid].num_prompt_tokens
             ]  # fmt: skip
-            result = ModelRunnerOutput(
-                req_ids=ids,
-                req_id_to_index={rid: i for i, rid in enumerate(ids)},
-                sampled_token_ids=[[7] if rid in done else [] for rid in ids],
-            )
+            fields: dict[str, Any] = {
+                "req_ids": ids,
+                "sampled_token_ids": [[7] if rid in done else [] for rid in ids],
+            }
+            if "req_id_to_index" in {f.name for f in dataclasses.fields(ModelRunnerOutput)}:
+                fields["req_id_to_index"] = {rid: i for i, rid in enumerate(ids)}  # 0.33
+            result = ModelRunnerOutput(**fields)
             self.scheduler.update_from_output(out, result)
             if request.request_id not in self.scheduler.requests:
                 return int(cached or 0)

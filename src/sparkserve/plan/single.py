@@ -478,9 +478,17 @@ def assumption_rows(i: Mapping[str, Any], kv: KvGeometry | None) -> list[tuple[s
 def _hits_line(kv: KvGeometry) -> str:
     if kv.hit_unit is None:
         return "prefix caching off"
+    blocks = f"(scheduler block {kv.scheduler_block:,}, hash block {kv.hash_block:,})"
+    if kv.mamba_block and kv.hit_unit < kv.mamba_block:
+        # below the Mamba block a hit needs a GatedDeltaNet state cached at that boundary
+        return (
+            f"on {kv.hit_unit:,}-token boundaries where a GatedDeltaNet state is cached: a "
+            f"prompt's own end (sent again), else every {kv.mamba_block:,} tokens (a prefix "
+            f"shared by different prompts) {blocks}"
+        )
     return (
-        f"in {kv.hit_unit:,}-token units: a prompt reuses a cached prefix from {kv.hit_unit:,} "
-        f"shared tokens (scheduler block {kv.scheduler_block:,}, hash block {kv.hash_block:,})"
+        f"on {kv.hit_unit:,}-token boundaries: a prompt reuses a cached prefix from "
+        f"{kv.hit_unit:,} shared tokens, in steps of {kv.hit_unit:,} {blocks}"
     )
 
 
