@@ -18,7 +18,15 @@ What a start fills and what it leaves for the KV pool, per case, on a GPU the pr
   `extensible` (on a fresh volume of its own) and `extensible-recreated` (on the volume `cold`
   filled): vLLM 0.34's extensible KV cache on (`--enable-extensible-kv-cache` in EXTRA_ARGS,
   after the launcher's `--no-enable-extensible-kv-cache`: the last flag wins), GPU_MEM then a
-  cap rather than the pool's budget;
+  cap rather than the pool's budget; `page-divide` (on a fresh volume of its own) and
+  `page-divide-recreated` (its volume again): vLLM with the trial patch hybrid-page-divide
+  applied for the start (`sparkserve patch hybrid-page-divide`, reverted after: issue 50,
+  docs/PATCHES.md);
+- the cases of PREFIX_PROBE (`cold`, `recreated` and the page-divide ones) then send a
+  2,800-token prompt twice (32 tokens each, so DFlash drafts) and keep the second send's
+  prefix-cache hits, the speculative counters, vLLM's KV group and hit-unit lines, and the
+  pool `sparkserve plan` predicts for the KV memory vLLM logged (with the patch where the
+  case has it) beside the pool vLLM logged;
 - per case: seconds to healthy, vLLM's memory lines (available KV memory, KV tokens, the
   profiler's parts, the extensible KV cache's size), the GPU's memory free and used once
   healthy and after the completion (nvidia-smi: the whole device), the head's report, one
@@ -34,6 +42,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import random
 import re
 import shutil
 import signal
@@ -45,6 +54,7 @@ import urllib.request
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from sparkserve.client import metrics
 from sparkserve.knobs.registry import stop_grace_s
 from sparkserve.launch.vllm_command import start_caches
 from sparkserve.selftest.models import write_models
@@ -65,7 +75,8 @@ MEMORY_LINES = (
     "Memory profiling", "non_torch", "activation peak", "CUDA graph", "Graph capturing",
     "sparkserve int8 lm-head", "init engine", "torch.compile", "Compil", "calibrat",
     "Maximum concurrency", "xtensible KV cache", "Extended KV cache", "Remapping the KV cache",
-    "caps this instance", "Memory after warmup",
+    "caps this instance", "Memory after warmup", "kv cache group sizes", "kv lcm block sizes",
+    "sparkserve patch",
 )  # fmt: skip
 # case: (its volume, whether the case empties it first, its knobs)
 CASES: dict[str, tuple[str, bool, dict[str, str]]] = {
@@ -78,7 +89,14 @@ CASES: dict[str, tuple[str, bool, dict[str, str]]] = {
     "stop-at-load-unpatched": ("a", False, {}),
     "extensible": ("e", True, {}),
     "extensible-recreated": ("a", False, {}),
+    "page-divide": ("p", True, {}),
+    "page-divide-recreated": ("p", False, {}),
 }
+# Cases served by vLLM with the trial patch hybrid-page-divide applied (reverted after)
+PAGE_DIVIDE = ("page-divide", "page-divide-recreated")
+# Cases that send the prefix probe: a prompt of PROBE_TOKENS sent twice
+PREFIX_PROBE = ("cold", "recreated", *PAGE_DIVIDE)
+PROBE_TOKENS = 2800  # the selftest's models' tokenizer: one token per byte
 # vLLM arguments a case adds after the host's (EXTRA_ARGS come last in the launcher's argv)
 CASE_ARGS = {
     "extensible": "--enable-extensible-kv-cache",
@@ -113,6 +131,10 @@ class Start:
     extended_kv_gib: float | None = None  # the extensible KV cache's size after warm-up
     gpu_memory_healthy: dict[str, int] = field(default_factory=dict)  # MiB, once healthy
     gpu_memory_served: dict[str, int] = field(default_factory=dict)  # MiB, after the completion
+    # PREFIX_PROBE cases: the second send's prompt tokens and hits, the speculative counters
+    # after both sends, and the plan's pool and hit unit for the KV memory vLLM logged
+    probe: dict[str, float] = field(default_factory=dict)
+    predicted: dict[str, int | None] = field(default_factory=dict)
 
 
 def files_under(path: Path) -> dict[str, int]:
@@ -173,6 +195,59 @@ def patch_startup_stop(*args: str) -> None:
                    check=True)  # fmt: skip
 
 
+def patch_page_divide(*args: str) -> None:
+    subprocess.run([sys.executable, "-m", "sparkserve", "patch", "hybrid-page-divide", *args],
+                   check=True)  # fmt: skip
+
+
+def metrics_now() -> dict:
+    status, body = request("/metrics", timeout=10)
+    return metrics.parse(body) if status == 200 else {}
+
+
+def prefix_probe(case: str, start: Start) -> None:
+    """A PROBE_TOKENS prompt sent twice: the second send's hits, and the drafts accepted."""
+    prompt = "".join(random.Random(50).choices("abcdefghijklmnopqrstuvwxyz ", k=PROBE_TOKENS))
+    body = {"model": "spark-geometry", "prompt": prompt, "max_tokens": 32, "temperature": 0}
+    request("/v1/completions", body, timeout=120)
+    time.sleep(1)  # vLLM's counters follow the reply
+    before = metrics_now()
+    status, reply = request("/v1/completions", body, timeout=120)
+    time.sleep(1)
+    after = metrics_now()
+    usage = json.loads(reply).get("usage", {}) if status == 200 else {}
+    start.probe = {
+        "prompt_tokens": usage.get("prompt_tokens", 0),
+        "hits_second_send": metrics.delta(before, after, metrics.PREFIX_HITS) or 0,
+        "drafts": metrics.total(after, metrics.DRAFTS),
+        "draft_tokens": metrics.total(after, metrics.DRAFT_TOKENS),
+        "accepted_tokens": metrics.total(after, metrics.ACCEPTED),
+    }
+    print(f"  {case}: prefix probe {start.probe}", flush=True)
+
+
+def predict(case: str, env: dict[str, str], start: Start) -> None:
+    """`sparkserve plan` for the KV memory vLLM logged, with the case's patch: the pool and
+    hit unit it predicts, beside the logged pool (parse_log)."""
+    if start.kv_gib is None:
+        return
+    kv_bytes = str(int(start.kv_gib * 2**30))
+    command = [sys.executable, "-m", "sparkserve", "plan", "--model", env["MODEL"],
+               "--drafter", env["DRAFT_MODEL"], "--weights-gib", "1", "--drafter-weights-gib",
+               "1", "--kv-cache-memory-bytes", kv_bytes, "--json"]  # fmt: skip
+    if case in PAGE_DIVIDE:
+        command += ["--with-patch", "hybrid-page-divide"]
+    done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=300)
+    try:
+        kv = json.loads(done.stdout)["kv"] or {}
+    except (json.JSONDecodeError, KeyError):
+        print(f"  {case}: plan failed: {done.stderr[-400:]}", flush=True)
+        return
+    start.predicted = {k: kv.get(k) for k in ("pool_tokens", "hit_unit", "scheduler_block",
+                                              "hash_block")}  # fmt: skip
+    print(f"  {case}: predicted {start.predicted}, logged {start.kv_tokens}", flush=True)
+
+
 def gpu_memory_mib() -> dict[str, int]:
     """The GPU's memory in MiB as nvidia-smi reports it: total, used and free (all processes)."""
     names = ("total", "used", "free")
@@ -230,6 +305,8 @@ def serve_then_stop(case: str, process: subprocess.Popen, start: Start, deadline
         start.gpu_memory_served = gpu_memory_mib()
         print(f"  {case}: GPU memory (MiB) once healthy {start.gpu_memory_healthy}, after "
               f"one completion {start.gpu_memory_served}", flush=True)  # fmt: skip
+        if case in PREFIX_PROBE:
+            prefix_probe(case, start)
     stopping = time.monotonic()
     if process.poll() is None:
         os.killpg(process.pid, signal.SIGTERM)
@@ -259,9 +336,12 @@ def run_case(case: str, models: tuple[Path, Path], work: Path, out: Path, deadli
     log_path = out / f"{case}.log"
     if STOP_AT_LOAD.get(case) is False:
         patch_startup_stop("--revert")
+    env = launcher_env(case, models, volume, home)
+    if case in PAGE_DIVIDE:
+        patch_page_divide()
     with log_path.open("w") as log:
         process = subprocess.Popen(
-            [str(REPO / "serve.sh")], env=launcher_env(case, models, volume, home),
+            [str(REPO / "serve.sh")], env=env,
             stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
         )  # fmt: skip
         if case in STOP_AT_LOAD:
@@ -271,8 +351,14 @@ def run_case(case: str, models: tuple[Path, Path], work: Path, out: Path, deadli
                 if not STOP_AT_LOAD[case]:
                     patch_startup_stop()
         else:
-            serve_then_stop(case, process, start, deadline)
+            try:
+                serve_then_stop(case, process, start, deadline)
+            finally:
+                if case in PAGE_DIVIDE:
+                    patch_page_divide("--revert")
     parse_log(log_path.read_text(errors="replace"), start)
+    if case in PREFIX_PROBE:
+        predict(case, env, start)
     after = inventory(volume)
     for name, files in after.items():
         start.volume_files[name] = [len(files), sum(files.values())]
@@ -327,6 +413,10 @@ def main(argv: list[str] | None = None) -> int:
         starts.append(run_case(case, models, args.work, args.out, deadline, args.case_budget_s))
         (args.out / "starts.json").write_text(json.dumps([asdict(s) for s in starts], indent=1))
     print(table(starts))
+    for s in starts:
+        if s.probe or s.predicted:
+            print(f"{s.case}: probe {s.probe}; KV tokens logged {s.kv_tokens}, "
+                  f"predicted {s.predicted}")  # fmt: skip
     failed = [s.case for s in starts if not s.skipped and s.healthy_s is None]
     return 1 if failed else 0
 

@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 
 from sparkserve import __version__
-from sparkserve.patching import ALL_PATCHES
+from sparkserve.patching import ALL_PATCHES, TRIAL_PATCHES
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -42,7 +42,8 @@ COMMAND_MODULES: dict[str, str] = {
 def _run_patch(args: argparse.Namespace) -> int:
     from sparkserve.patching.cli import run
 
-    return run(ALL_PATCHES[args.name], args.options, prog=f"sparkserve patch {args.name}")
+    patch = (ALL_PATCHES | TRIAL_PATCHES)[args.name]
+    return run(patch, args.options, prog=f"sparkserve patch {args.name}")
 
 
 def _run_knobs(args: argparse.Namespace) -> int:
@@ -75,7 +76,7 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
 
     patch = commands.add_parser("patch", help="apply, check or revert a build-time vLLM patch")
-    patch.add_argument("name", choices=sorted(ALL_PATCHES))
+    patch.add_argument("name", choices=sorted(ALL_PATCHES | TRIAL_PATCHES))
     patch.add_argument("options", nargs=argparse.REMAINDER, help="the patch's own options")
     patch.set_defaults(run=_run_patch)
 

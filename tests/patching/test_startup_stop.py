@@ -4,9 +4,7 @@ stop it fixes through the launcher)."""
 
 from __future__ import annotations
 
-import importlib.util
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -14,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from sparkserve.patching import STARTUP_STOP, State
-from support import vllm_release
+from support import patch_runs, vllm_release
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -33,13 +31,7 @@ except KeyboardInterrupt:
 
 
 def sparkserve_patch(*args: str | Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "sparkserve", "patch", "startup-stop", *map(str, args)],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env=dict(os.environ, PYTHONPATH=str(REPO / "src")),
-    )
+    return patch_runs.sparkserve_patch(STARTUP_STOP.info.name, *args)
 
 
 def interrupt(site: Path, tmp_path: Path) -> str:
@@ -60,15 +52,7 @@ def interrupt(site: Path, tmp_path: Path) -> str:
 
 @pytest.fixture()
 def release_copy(tmp_path: Path) -> Path:
-    """A private copy of the release under test (hard links: the patch's atomic rename breaks
-    the link of the one file it writes, so the installed tree stays as it was)."""
-    spec = importlib.util.find_spec("vllm")
-    if spec is None or not spec.submodule_search_locations:
-        pytest.skip("the pinned vLLM is not installed: run through ./scripts/test.sh")
-    copy = tmp_path / "site-packages"
-    source = Path(next(iter(spec.submodule_search_locations)))
-    shutil.copytree(source, copy / "vllm", copy_function=os.link)
-    return copy
+    return patch_runs.release_copy(tmp_path)
 
 
 @pytest.mark.release
@@ -78,10 +62,7 @@ def test_the_release_swallows_a_stop_and_the_patched_one_passes_it_on(
     assert interrupt(release_copy, tmp_path) == "swallowed"  # the bug, in vLLM's own code
     target = release_copy / "vllm" / STARTUP_STOP.info.target
     original = target.read_bytes()
-    check = sparkserve_patch("--vllm-root", release_copy, "--check")
-    assert check.returncode == 1, check
-    assert check.stdout.startswith("needed: startup-stop")
-    assert f"vLLM {vllm_release.release()}" in check.stdout
+    patch_runs.check_says_needed(STARTUP_STOP.info.name, release_copy, vllm_release.release())
     done = sparkserve_patch("--vllm-root", release_copy)
     assert done.returncode == 0, done.stderr
     assert done.stdout.startswith("applied: startup-stop")

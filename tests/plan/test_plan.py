@@ -71,6 +71,12 @@ def spark_cases(geometry: tuple[Path, Path]) -> dict[str, tuple[list[str], dict[
         "bf16-head": ([*spark, "--keep-bf16-lmhead", "1"], {}),
         "int8-head": ([*spark, "--keep-bf16-lmhead", "0"], {}),
         "text": ([*spark[:-1], "--keep-bf16-lmhead", "1"], {}),
+        "page-divide": (
+            [*spark, "--keep-bf16-lmhead", "1", "--with-patch", "hybrid-page-divide"], {}
+        ),
+        "page-divide-text": (
+            [*spark[:-1], "--keep-bf16-lmhead", "1", "--with-patch", "hybrid-page-divide"], {}
+        ),
         # EXTRA_ARGS come last on the launcher's command line, and vLLM takes the last
         "extra-args": (
             [*spark, "--keep-bf16-lmhead", "1"], {"EXTRA_ARGS": "--max-model-len 65536"}
@@ -181,17 +187,53 @@ def test_spark_figures_within_5_percent(
     assert plan["decode_ceiling"]["measured_low_short_context"] > 28.2
 
 
+def kv_plans(runs: dict[str, tuple[int, str, str]], *names: str) -> dict[str, dict]:
+    """The named JSON plans' "kv" parts, each plan having exited 0."""
+    plans = {}
+    for name in names:
+        status, out, err = runs[name]
+        assert status == 0, err[-3000:]
+        plans[name] = json.loads(out)["kv"]
+    return plans
+
+
+def test_plan_says_the_hit_unit_and_the_page_divide_patchs_pool(
+    runs: dict[str, tuple[int, str, str]],
+) -> None:
+    """The Spark's DFlash layout: prefix hits in 4,480-token units (the target's attention
+    block doubled by page unification). Planned with the trial patch hybrid-page-divide: the
+    drafter's block halved to 1,120, hits in 1,120-token units, GDN pages padded 1.005x
+    instead of 2.01x and the pool 15% larger at the same memory (docs/MEMORY.md)."""
+    plans = kv_plans(runs, "bf16-head", "page-divide")
+    stock, divided = plans["bf16-head"], plans["page-divide"]
+    print("page-divide plan:", json.dumps({n: {k: p[k] for k in ("pool_tokens", "hit_unit")}
+                                           for n, p in plans.items()}))  # fmt: skip
+    assert (stock["scheduler_block"], stock["hash_block"], stock["hit_unit"]) == (4480, 2240, 4480)
+    assert sorted({g["block_size"] for g in stock["groups"]}) == [2240, 4480]
+    assert (divided["scheduler_block"], divided["hash_block"], divided["hit_unit"]) == (
+        2240, 1120, 1120,
+    )  # fmt: skip
+    drafter = [g for g in divided["groups"] if g["draft_layers"]]
+    assert [(g["block_size"], g["draft_layers"]) for g in drafter] == [(1120, 6)]
+    assert {g["page_bytes"] for g in divided["groups"]} == {4_587_520}
+    assert divided["num_blocks"] > stock["num_blocks"]
+    assert 1.10 < divided["pool_tokens"] / stock["pool_tokens"] < 1.20
+    assert any("hybrid-page-divide" in note for note in divided["notes"])
+    status, text, _ = runs["page-divide-text"]
+    assert status == 0
+    assert re.search(r"prefix hits +on 1,120-token boundaries where a GatedDeltaNet state is "
+                     r"cached: .* else every 2,240 tokens", text), text  # fmt: skip
+    assert re.search(r"prefix hits +on 4,480-token boundaries: a prompt reuses a cached prefix "
+                     r"from 4,480 shared tokens", runs["text"][1]), runs["text"][1]  # fmt: skip
+
+
 def test_plan_builds_vllms_config_from_the_launchers_command(
     runs: dict[str, tuple[int, str, str]],
 ) -> None:
     """The plan's vLLM config is made from the launcher's own `vllm serve` arguments
     (launch.vllm_command), EXTRA_ARGS included: vLLM counts its capacity at the context the
     server will have, EXTRA_ARGS' 65,536 tokens, not MAX_MODEL_LEN's 262,144."""
-    plans = {}
-    for name in ("bf16-head", "extra-args"):
-        status, out, err = runs[name]
-        assert status == 0, err[-3000:]
-        plans[name] = json.loads(out)["kv"]
+    plans = kv_plans(runs, "bf16-head", "extra-args")
     plain, extra = plans["bf16-head"], plans["extra-args"]
     assert plain["max_concurrency"] == pytest.approx(plain["pool_tokens"] / 262144, rel=1e-3)
     assert extra["max_concurrency"] == pytest.approx(extra["pool_tokens"] / 65536, rel=1e-3)

@@ -53,3 +53,19 @@ def test_prefix_hits_are_counted_in_the_groups_least_common_block() -> None:
                    "cache groups' blocks, 2240 and 4480)")  # fmt: skip
     assert hit_unit(PLAIN_LOG, 2096) == (2096, "")
     assert hit_unit("", 128) == (128, "")  # one group: vLLM logs no multiple
+
+
+# The same two lines for the layout the hybrid-page-divide patch gives (the group blocks that
+# tests/patching/test_page_divide.py's scenario gets from vLLM's own functions)
+DIVIDED_LOG = """(EngineCore pid=2042) INFO 12-06 01:40:00 [kv_cache_utils.py:865] kv cache group sizes (2240, 2240, 2240, 2240, 2240, 2240, 2240, 2240, 1120)
+(EngineCore pid=2042) INFO 12-06 01:40:00 [kv_cache_utils.py:866] kv lcm block sizes 2240
+"""  # noqa: E501
+
+
+def test_prefix_hits_below_the_mamba_block_are_counted_in_the_groups_common_divisor() -> None:
+    unit, why = hit_unit(DIVIDED_LOG, 2240)
+    assert unit == 1120
+    assert why == ("hits land on 1120-token boundaries (the greatest common divisor of the KV "
+                   "cache groups' blocks, 1120 and 2240: vLLM's sub-block hits)")  # fmt: skip
+    # the stock layout's divisor is its cache block: no sub-block hits, the multiple stays
+    assert hit_unit(DFLASH_LOG, 2240)[0] == 4480

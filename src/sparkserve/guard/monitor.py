@@ -72,7 +72,7 @@ from sparkserve.memory.host import GIB, read_meminfo, read_swap_traffic
 from sparkserve.memory.pressure import PSI_MEMORY, read_pressure
 
 # The record of a stop, under HF_HOME (the model-cache volume); the launcher gets the full
-# path as GUARD_MARKER from `sparkserve knobs resolve`, doctor looks for it too.
+# path as the start step (sparkserve start) reads it, doctor looks for it too.
 MARKER_NAME = "sparkserve/guard-stopped.json"
 METRICS_DIR_NAME = "sparkserve/metrics"
 PROG = "sparkserve guard"

@@ -36,6 +36,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from sparkserve.memory import patched_vllm
 from sparkserve.memory.checkpoint import layer_kinds, read_config
 from sparkserve.memory.dtypes import Dtypes, resolve_dtypes
 
@@ -83,6 +84,9 @@ class KvRequest:
     # sizes above (max_model_len to prefix_cache) are then theirs. Empty: a bare request (the
     # tests' CPU plans), built from the fields alone.
     serve_argv: tuple[str, ...] = ()
+    # sparkserve patches to plan with (sparkserve.memory.patched_vllm): a trial patch the
+    # image does not apply yet, to see what it would change.
+    patches: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         # one meaning of "speculating": a method and tokens to draft, or neither (the plan
@@ -132,6 +136,13 @@ class KvGeometry:
     # The platform modelled ("cuda": a Spark) and vLLM's platform that built the config.
     platform: str = "cuda"
     config_platform: str | None = None
+    # Prefix caching (vLLM's resolve_kv_cache_block_sizes and
+    # resolve_cache_hit_alignment_tokens): the scheduler's block (LCM of the groups'), the
+    # block hashes' unit, and the unit a prefix hit lands on (the hash block where vLLM turns
+    # sub-block hits on, else the scheduler block). None without prefix caching.
+    scheduler_block: int | None = None
+    hash_block: int | None = None
+    hit_unit: int | None = None
 
     @property
     def state_bytes(self) -> float:
@@ -440,7 +451,8 @@ def _kv_configs(config: Any, workers: list[dict[str, Any]], memory: list[int]) -
         register_all_kvcache_specs(config)
     if getattr(config.cache_config, "kv_cache_layout", "unset") is None:
         with contextlib.suppress(Exception):
-            config.cache_config.kv_cache_layout = "NHD"
+            # the layout the server is told to take (VLLM_KV_CACHE_LAYOUT), else NHD
+            config.cache_config.kv_cache_layout = os.environ.get("VLLM_KV_CACHE_LAYOUT") or "NHD"
     get_configs = planning.get_kv_cache_configs
     if "global_kv_cache_groups" in inspect.signature(get_configs).parameters:
         groups = planning.get_global_kv_cache_groups(config, workers)
@@ -464,6 +476,9 @@ class _Built:
     tokens: int
     concurrency: float
     config_platform: str
+    blocks: tuple[int | None, int | None, int | None]  # scheduler, hash, hit unit
+    patch_notes: tuple[str, ...]
+    scheduler_config: Any  # the KV cache config the engine core's scheduler gets
 
 
 def _build(req: KvRequest) -> _Built:
@@ -474,7 +489,7 @@ def _build(req: KvRequest) -> _Built:
     if len(memory) != req.nodes:
         raise GeometryError(f"{len(memory)} KV sizes for {req.nodes} nodes")
     try:
-        with _quiet():
+        with _quiet(), patched_vllm.patched(req.patches) as patch_notes:
             config = _engine_config(req)
             backend = _align_blocks(config, req)
             specs = _specs(config, req)
@@ -484,19 +499,43 @@ def _build(req: KvRequest) -> _Built:
             from vllm.v1.core.kv_cache_utils import get_kv_cache_capacity
 
             tokens, concurrency = get_kv_cache_capacity(config, scheduler_config)
+            blocks = _prefix_blocks(config, scheduler_config)
             from vllm.platforms import current_platform
 
             config_platform = type(current_platform).__name__
     except GeometryError:
         raise
+    except patched_vllm.PatchNotPlannable as error:
+        raise GeometryError(str(error)) from None
     except Exception as error:
         first = str(error).strip().splitlines()[0] if str(error).strip() else ""
         why = f"{type(error).__name__}: {first}"
         raise GeometryError(f"vLLM {version} rejected the setting: {why}") from None
     return _Built(
         version, platform_note, config, backend, workers, worker_configs, int(tokens),
-        float(concurrency), config_platform,
+        float(concurrency), config_platform, blocks, tuple(patch_notes), scheduler_config,
     )  # fmt: skip
+
+
+def scheduler_inputs(req: KvRequest) -> tuple[Any, Any]:
+    """vLLM's config and the scheduler's KV cache config for `req`, as the engine core hands
+    them to its Scheduler (tests drive vLLM's scheduler with them: no model, no memory)."""
+    built = _build(req)
+    return built.config, built.scheduler_config
+
+
+def _prefix_blocks(config: Any, scheduler_config: Any) -> tuple[int | None, ...]:
+    """(scheduler block, hash block, hit unit) as vLLM's engine core resolves them; Nones
+    without prefix caching."""
+    if not config.cache_config.enable_prefix_caching:
+        return None, None, None
+    from vllm.v1.core import kv_cache_utils
+
+    scheduler, hashed = kv_cache_utils.resolve_kv_cache_block_sizes(scheduler_config, config)
+    hit = kv_cache_utils.resolve_cache_hit_alignment_tokens(
+        scheduler_config, config, scheduler, hashed
+    )
+    return int(scheduler), int(hashed), int(hit)
 
 
 def kv_geometry(req: KvRequest) -> KvGeometry:
@@ -558,6 +597,8 @@ def _geometry(built: _Built, req: KvRequest, rank: int, kv_bytes: int) -> KvGeom
     notes = [f"attention backend {backend.__name__} ({req.platform})"]
     if built.platform_note:
         notes.append(built.platform_note)
+    notes += [f"patch {note}" for note in built.patch_notes]
+    scheduler_block, hash_block, hit_unit = built.blocks
     return KvGeometry(
         vllm_version=built.version,
         attention_block=int(cache.block_size),
@@ -575,4 +616,7 @@ def _geometry(built: _Built, req: KvRequest, rank: int, kv_bytes: int) -> KvGeom
         mamba_dtypes=mamba_dtypes,
         platform=req.platform,
         config_platform=built.config_platform,
+        scheduler_block=scheduler_block,
+        hash_block=hash_block,
+        hit_unit=hit_unit,
     )

@@ -56,6 +56,9 @@ def run(patch: Patch, argv: list[str] | None = None, prog: str | None = None) ->
 def _run(patch: Patch, args: argparse.Namespace) -> int:
     install = locate(args.vllm_root)
     path = install.file(patch.info.target)
+    former = patch.info.former_target
+    if not path.is_file() and former is not None and install.file(former).is_file():
+        path = install.file(former)  # an older release, before vLLM moved the function
     name = f"{patch.info.name} ({path}, vLLM {install.version})"
     if not path.is_file():
         print(

@@ -40,6 +40,8 @@ class PatchInfo:
     upstream: str  # issue or pull request that tracks the bug upstream
     affected: str  # releases that have the bug, e.g. "0.23.0 - 0.27.x"
     fixed_in: str  # first release with the upstream fix
+    # where releases before a move keep the same function (used when `target` is absent)
+    former_target: str | None = None
 
 
 @dataclass(frozen=True)

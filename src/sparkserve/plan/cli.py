@@ -28,6 +28,7 @@ from sparkserve.knobs.registry import KnobError
 from sparkserve.launch.settings import tool_settings
 from sparkserve.memory.budget import DEFAULT_OVERHEAD_GIB
 from sparkserve.memory.kv import BACKENDS
+from sparkserve.patching import TRIAL_PATCHES
 from sparkserve.plan import pair as plan_pair
 from sparkserve.plan import single as plan
 from sparkserve.plan.single import (
@@ -109,6 +110,13 @@ def add_command(commands: Any) -> None:
         choices=(0, 1),
         default=0,
         help="1: count the prefill checkpoint page of FlashInfer's GDN prefill (vLLM 0.33)",
+    )
+    add(
+        "--with-patch",
+        action="append",
+        choices=sorted(TRIAL_PATCHES),
+        default=[],
+        help="plan with a trial vLLM patch the image does not apply yet (docs/PATCHES.md)",
     )
     add("--json", action="store_true", help="print one JSON object instead of the table")
     one_line_errors(parser, "sparkserve plan")

@@ -253,6 +253,7 @@ def plan_inputs(args: argparse.Namespace, sources: Sources) -> dict[str, Any]:
         "overhead_gib": args.overhead_gib,
         "cudagraph_share": args.cudagraph_share,
         "kv_cache_memory_bytes": args.kv_cache_memory_bytes,
+        "with_patch": list(getattr(args, "with_patch", None) or []),
     }
     return inputs
 
@@ -277,6 +278,7 @@ def kv_request(args: argparse.Namespace, sources: Sources, kv_bytes: int) -> KvR
         dtypes=sources.dtypes,
         # the launcher's own command for these settings, workarounds included
         serve_argv=vllm_command(settings, installed_vllm(), is_hybrid(sources.config)).argv,
+        patches=tuple(getattr(args, "with_patch", None) or ()),
     )
 
 
@@ -473,6 +475,23 @@ def assumption_rows(i: Mapping[str, Any], kv: KvGeometry | None) -> list[tuple[s
     return [("platform", platform), ("dtypes", "; ".join(dtypes))]
 
 
+def _hits_line(kv: KvGeometry) -> str:
+    if kv.hit_unit is None:
+        return "prefix caching off"
+    blocks = f"(scheduler block {kv.scheduler_block:,}, hash block {kv.hash_block:,})"
+    if kv.mamba_block and kv.hit_unit < kv.mamba_block:
+        # below the Mamba block a hit needs a GatedDeltaNet state cached at that boundary
+        return (
+            f"on {kv.hit_unit:,}-token boundaries where a GatedDeltaNet state is cached: a "
+            f"prompt's own end (sent again), else every {kv.mamba_block:,} tokens (a prefix "
+            f"shared by different prompts) {blocks}"
+        )
+    return (
+        f"on {kv.hit_unit:,}-token boundaries: a prompt reuses a cached prefix from "
+        f"{kv.hit_unit:,} shared tokens, in steps of {kv.hit_unit:,} {blocks}"
+    )
+
+
 def render(plan: Plan) -> str:
     i = plan.inputs
     rows: list[tuple[str, str]] = [
@@ -513,6 +532,7 @@ def render(plan: Plan) -> str:
         rows += [
             ("KV blocks", f"{kv.num_blocks:,} of {kv.bytes_per_block:,} B"),
             ("KV pool", f"{kv.pool_tokens:,} tokens"),
+            ("prefix hits", _hits_line(kv)),
             (
                 "concurrency",
                 f"{kv.max_concurrency:.2f}x at MAX_MODEL_LEN={i['MAX_MODEL_LEN']} "

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import http.client
 import json
+import math
 import random
 import re
 import time
@@ -239,21 +240,31 @@ def block_size(info: dict[str, str]) -> int | None:
 
 
 # vLLM's own lines (v1/core/kv_cache_utils.py) for a model of several KV cache groups: each
-# group's block, and their least common multiple, the unit a prefix hit lands on
+# group's block, and their least common multiple, the scheduler's block
 GROUP_BLOCKS = re.compile(r"kv cache group sizes \(([\d, ]+)\)")
 HIT_UNIT = re.compile(r"kv lcm block sizes (\d+)")
 
 
 def hit_unit(log: str, block: int) -> tuple[int, str]:
-    """The tokens a prefix hit comes in: `block` (vllm:cache_config_info's), or the least
-    common multiple of the KV cache groups' blocks where vLLM logged one above it (a DFlash
-    drafter's on the Spark geometry: docs/SELFTEST.md), with the groups' blocks in words."""
-    unit = HIT_UNIT.search(log)
-    if not unit or int(unit.group(1)) <= block:
-        return block, ""
+    """The tokens a prefix hit comes in, with why in words where it is not `block`
+    (vllm:cache_config_info's; on a hybrid target the align-mode Mamba block). vLLM hashes
+    prompts in the groups' greatest common divisor and, where a Mamba block is larger than
+    that, lets hits land on it (`partial_hash_hits_enabled`: the hybrid-page-divide patch's
+    layout, groups of 2240 and 1120); otherwise hits land on the least common multiple of the
+    groups' blocks where vLLM logged one above `block` (a DFlash drafter's on the stock Spark
+    geometry, groups of 2240 and 4480: docs/SELFTEST.md)."""
     groups = GROUP_BLOCKS.search(log)
     sizes = sorted({int(size) for size in groups.group(1).split(",")}) if groups else []
     named = " and ".join(str(size) for size in sizes) or "?"
+    if sizes and block in sizes and math.gcd(*sizes) < block:
+        fine = math.gcd(*sizes)
+        return fine, (
+            f"hits land on {fine}-token boundaries (the greatest common divisor of the KV "
+            f"cache groups' blocks, {named}: vLLM's sub-block hits)"
+        )
+    unit = HIT_UNIT.search(log)
+    if not unit or int(unit.group(1)) <= block:
+        return block, ""
     return int(unit.group(1)), (
         f"hits land on {unit.group(1)}-token boundaries (the least common multiple of the KV "
         f"cache groups' blocks, {named})"
