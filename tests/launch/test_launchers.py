@@ -14,9 +14,9 @@ import pytest
 
 from sparkserve.in_vllm.lmhead import plugin
 from sparkserve.knobs.registry import KNOBS, Knob
-from sparkserve.start.cli import run_start
 from sparkserve.launch.versions import parse_release
 from sparkserve.launch.vllm_command import EXTENSIBLE_KV_CACHE_FROM
+from sparkserve.start.cli import run_start
 from support import vllm_release
 from support.cpu_launch import LAUNCHERS
 from support.dry_runs import RECORD, dry_runs
