@@ -10,6 +10,9 @@ runs. Test-only, like the rest of this plugin: never in an image.
   may off CUDA, though SPARK_KEEP_BF16_LMHEAD=0 asks for int8: no int8 head runs.
 - ``no-drafts``: the scheduler drops every draft the drafter hands it, so no draft is
   proposed to the target, though speculation is configured.
+
+The last two reproduce docs/FINDINGS.md's "verify with a feature switched off behind its
+settings" (no test asserts them yet: verify cannot tell yet that no int8 head ran there).
 """
 
 from __future__ import annotations
