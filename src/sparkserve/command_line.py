@@ -24,6 +24,8 @@ EXIT_BAD_INPUT = 2  # a bad option or knob, or a server not usable; nothing was 
 EXIT_STOPPED = 3  # stopped short: a run broke off, a figure could not be computed, the guard
 # stopped vLLM, a patch target was not recognised; what was done is reported
 EXIT_IO = 4  # a file could not be read or written; nothing was changed
+EXIT_NOT_TESTED = 5  # nothing failed, but something the settings claim was not tested (selftest,
+# verify: the int8 head did not run, no draft was proposed, random weights cannot judge)
 EXIT_INTERRUPTED = 130  # Ctrl-C; what was measured is still written
 
 

@@ -7,17 +7,27 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 from pathlib import Path
 
 import pytest
 
 from sparkserve.bench.benchy import corpus
 from sparkserve.bench.benchy.profiles import PROFILES, parse_depths, profile_named
-from sparkserve.bench.benchy.report import join, markdown, name_of_test, unmeasured
+from sparkserve.bench.benchy.report import (
+    WHICH_IS_WHICH,
+    join,
+    markdown,
+    metrics_table,
+    name_of_test,
+    unmeasured,
+)
 from sparkserve.cli import main
+from sparkserve.client import metrics
 from sparkserve.command_line import UsageError
 
 DATA = Path(__file__).parent / "data"
+REPO = Path(__file__).resolve().parents[2]
 
 
 def test_the_arena_profile_sends_spark_arenas_v2_sweep() -> None:
@@ -81,8 +91,13 @@ def test_the_offline_corpus_is_the_same_text_every_time_and_seeds_llama_benchys_
     assert corpus.prepare("book", None).url == corpus.BOOK_URL
 
 
+NOTHING_DRAFTED = metrics.acceptance({}, {}, "tiny")  # a server without speculative counters
+
+
 def _tests() -> list[dict[str, object]]:
-    return [{"pp": 512, "tg": 32, "depth": d, "concurrency": c}
+    return [{"pp": 512, "tg": 32, "depth": d, "concurrency": c, "cut_short": False,
+             "speculation": NOTHING_DRAFTED, "kv_cache_usage_peak": None,
+             "prefix_cache": metrics.prefix_hit_rate({}, {}, "tiny")}
             for d in (0, 2048) for c in (1, 2)]  # fmt: skip
 
 
@@ -117,8 +132,43 @@ def test_a_figure_llama_benchy_left_blank_is_named_with_why() -> None:
     document = {
         "llama_benchy": {"version": "0.4.0"}, "profile": {"name": "short"}, "model": "tiny",
         "image": "cpu", "vllm": "0.32.0", "corpus": {"url": "sparkserve:prose-v1"},
-        "tests": [], "unmeasured": gaps,
+        "tests": [], "rows": [], "unmeasured": gaps,
     }  # fmt: skip
     text = markdown(document, "| llama-benchy's table |\n")
     assert f"- pp512 tg32 (c2), tg: {gaps[0]['why']}\n" in text
     assert "Not measured" not in markdown({**document, "unmeasured": []}, "| table |\n")
+
+
+def test_decode_steps_beside_client_tokens_on_a_recorded_run_and_with_accepted_drafts() -> None:
+    """docs/data's recorded `sparkserve llama-benchy` run (CPU, DFlash drafting, nothing
+    accepted on random weights): decode steps/s equal client tok/s; the same row where each
+    draft had 1.5 tokens accepted: 2.5 tokens a step, so steps/s is tok/s / 2.5. The markdown
+    says which is which beside the table."""
+    document = json.loads((REPO / "docs" / "data" / "llama_benchy_cpu_drafting.json").read_text())
+    benchmarks = document["llama_benchy"]["result"]["benchmarks"]
+    (test,) = document["tests"]
+    assert test["speculation"]["drafts"] > 0 and test["speculation"]["mean_acceptance_length"] == 1
+    (row,) = join(benchmarks, [test])
+    client = row["tg_throughput"]["mean"]
+    assert row["decode_steps_s"] == client and not row["cut_short"]
+    accepting = {**test, "speculation": {**test["speculation"], "accepted": 93.0,
+                                         "mean_acceptance_length": 2.5}}  # fmt: skip
+    (row,) = join(benchmarks, [accepting])
+    assert math.isclose(row["decode_steps_s"], client / 2.5)
+    text = markdown({**document, "tests": [accepting], "rows": [row], "unmeasured": []}, "")
+    assert WHICH_IS_WHICH in text
+    assert "| test | client tok/s | decode steps/s | mean accepted length |" in text
+    assert f"| pp512 tg32 (c1) | {client:.1f} | {client / 2.5:.1f} | 2.500 |" in text
+
+
+def test_a_row_saved_as_its_test_was_cut_short_is_kept_and_labelled() -> None:
+    """Ctrl-C may land before or after llama-benchy saved the running test's row: a saved
+    row of a test cut short is kept, labelled cut short, in either order."""
+    result = json.loads((DATA / "llama-benchy-short.json").read_text())
+    tests = [*_tests()[:1], {**_tests()[1], "cut_short": True}]
+    before = join(result["benchmarks"][:1], tests)  # the interrupt came first
+    after = join(result["benchmarks"][:2], tests)  # llama-benchy saved the second row first
+    assert [r["cut_short"] for r in before] == [False]
+    assert [(r["concurrency"], r["cut_short"]) for r in after] == [(1, False), (2, True)]
+    text = metrics_table(tests, after)
+    assert "| pp512 tg32 (c2) (cut short) |" in text

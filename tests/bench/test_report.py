@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-from sparkserve.bench.report import markdown, nan_for_none, plot
+from sparkserve.bench.report import WHICH_IS_WHICH, markdown, nan_for_none, plot
 from sparkserve.client import metrics
 
 
@@ -29,7 +29,7 @@ def test_no_speculative_counters_means_n_a() -> None:
         "overall": {"spec": acc, "prefix": nothing},
     }  # fmt: skip
     table = markdown(result)
-    assert "| prose | 1 | 10.0 | 10.0 | 0.100 | n/a | n/a |" in table
+    assert "| prose | 1 | 10.0 | n/a | n/a | n/a | 10.0 | 0.100 | n/a |" in table
     assert "mean acceptance length: n/a" in table
 
 
@@ -54,3 +54,21 @@ def test_a_position_no_draft_reached_is_n_a_in_the_table_and_a_gap_in_the_plot(
     assert nan_for_none([0.9, None])[0] == 0.9 and math.isnan(nan_for_none([0.9, None])[1])
     plot(result, tmp_path / "bench.png")
     assert (tmp_path / "bench.png").stat().st_size > 0
+
+
+def test_decode_steps_are_client_tokens_over_the_mean_accepted_length() -> None:
+    accepting = {"drafts": 10.0, "mean_acceptance_length": 2.5}
+    assert metrics.steps_per_s(30.0, accepting) == 12.0
+    assert metrics.steps_per_s(30.0, {"drafts": None, "mean_acceptance_length": None}) == 30.0
+    assert metrics.steps_per_s(30.0, {"drafts": 10.0, "mean_acceptance_length": None}) is None
+    assert metrics.steps_per_s(None, accepting) is None
+    row = {"kind": "code", "concurrency": 1, "per_stream_tok_s": 31.0,
+           "client_per_stream_tok_s": 30.0, "decode_steps_s_per_stream": 12.0,
+           "aggregate_tok_s": 30.0, "ttft_s_mean": 0.1,
+           "spec": {**accepting, "accepted": 15.0, "acceptance_per_position": None},
+           "prefix": {"queries": None, "hits": None, "hit_rate": None}}  # fmt: skip
+    table = markdown({"model": "m", "url": "u", "started_at": "now", "status": "DONE",
+                      "config": {"api": "chat", "gen_tokens": 8}, "ttft": None,
+                      "decode": [row]})  # fmt: skip
+    assert WHICH_IS_WHICH in table
+    assert "| code | 1 | 31.0 | 30.0 | 12.0 | 2.50 | 30.0 | 0.100 | n/a |" in table

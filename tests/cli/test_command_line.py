@@ -56,7 +56,7 @@ def parse_error(
 
 def test_exit_codes_each_have_one_meaning() -> None:
     codes = [value for name, value in vars(command_line).items() if name.startswith("EXIT_")]
-    assert len(codes) == 6 and len(set(codes)) == len(codes)
+    assert len(codes) == 7 and len(set(codes)) == len(codes)
     assert command_line.EXIT_OK == 0
     assert command_line.EXIT_INTERRUPTED == 128 + signal.SIGINT  # what a shell reports
 

@@ -1,14 +1,19 @@
 """verify's verdicts on runs and scores made by hand: what each check passes, what it fails,
-and that a tie (two log-probabilities closer than the limit) is seen, not failed."""
+that a tie (two log-probabilities closer than the limit) is not a failure, and that a feature
+that did not run (no int8 head, no draft proposed or accepted) is "not tested", claimed, never
+passed."""
 
 from __future__ import annotations
 
 import math
 
+from sparkserve import command_line as cl
+from sparkserve.selftest.checks import exit_status, mark
 from sparkserve.verify import compare
-from sparkserve.verify.collect import Run, Score
+from sparkserve.verify.collect import Run, Score, SpecCounts
 
 TIE = 0.05
+DRAFTED = SpecCounts(drafts=40.0, accepted=25.0)  # a window where drafts were accepted
 
 
 def run(name: str, tokens: list[int], margins: list[float] | None = None,
@@ -29,7 +34,7 @@ def below(token: int, gap: float, top_logprob: float = -0.5) -> Score:
 def test_speculation_passes_when_every_drafted_token_is_the_plain_choice() -> None:
     drafted = {"a": run("a", [1, 2, 3])}
     plain = {"a": run("a", [1, 2, 3])}
-    result = compare.speculation(drafted, plain, {"a": [top(1), top(2), top(3)]}, TIE)
+    result = compare.speculation(drafted, plain, {"a": [top(1), top(2), top(3)]}, TIE, DRAFTED)
     assert result.ok is True
     assert "identical" in result.detail
     assert result.data["agreement_by_position"] == [1.0, 1.0, 1.0]
@@ -38,7 +43,9 @@ def test_speculation_passes_when_every_drafted_token_is_the_plain_choice() -> No
 def test_speculation_at_a_tie_passes_and_reports_where_the_runs_part() -> None:
     drafted = {"a": run("a", [1, 9, 4])}
     plain = {"a": run("a", [1, 2, 3], margins=[2.0, 0.01, 2.0])}
-    result = compare.speculation(drafted, plain, {"a": [top(1), below(9, 0.01), top(4)]}, TIE)
+    result = compare.speculation(
+        drafted, plain, {"a": [top(1), below(9, 0.01), top(4)]}, TIE, DRAFTED
+    )
     assert result.ok is True
     assert "a: parts at token 1 (margin 0.010)" in result.detail
     assert result.data["first_divergence"] == {"a": 1}
@@ -48,7 +55,7 @@ def test_speculation_fails_on_a_token_the_plain_model_would_not_choose() -> None
     drafted = {"a": run("a", [1, 9, 4]), "b": run("b", [5])}
     plain = {"a": run("a", [1, 2, 3]), "b": run("b", [5])}
     scores = {"a": [top(1), below(9, 1.5), below(4, 0.2)], "b": [top(5)]}
-    result = compare.speculation(drafted, plain, scores, TIE)
+    result = compare.speculation(drafted, plain, scores, TIE, DRAFTED)
     assert result.ok is False
     assert "a: 2 of 3 tokens not the plain model's choice, first at 1, up to 1.500" in result.detail
     assert result.data["agreement_by_position"] == [1.0, 0.0, 0.0]
@@ -99,7 +106,37 @@ def test_prefix_caching_fails_on_zero_hits_even_with_identical_outputs() -> None
     assert silent.ok is False and "0 tokens hit" in silent.detail
 
 
-def test_int8_head_bit_identical_to_bf16_is_seen_not_passed() -> None:
+def test_int8_head_bit_identical_to_bf16_is_not_tested_and_keeps_verify_from_passing() -> None:
     reference = {"a": run("a", [1, 2], logprobs=[-0.5, -1.0])}
     result = compare.int8_head(reference, {"a": [top(1, -0.5), top(2, -1.0)]}, max_delta=0.1)
-    assert result.ok is None and "the int8 head is not in use" in result.detail
+    assert result.ok is None and result.claimed
+    assert result.detail.startswith("not tested: no int8 head ran; top-1 agreement 2 of 2")
+    assert mark(result.ok) == "not tested"
+    assert exit_status([result]) == cl.EXIT_NOT_TESTED != cl.EXIT_OK
+
+
+def test_speculation_with_no_draft_proposed_is_not_tested_though_the_runs_agree() -> None:
+    same = {"a": run("a", [1, 2, 3])}
+    scores = {"a": [top(1), top(2), top(3)]}
+    for counts, reason in ((SpecCounts(0.0, 0.0), "no draft was proposed"),
+                           (SpecCounts(30.0, 0.0), "no drafted token was accepted")):  # fmt: skip
+        result = compare.speculation(same, same, scores, TIE, counts)
+        assert result.ok is None and result.claimed, result
+        assert result.detail.startswith(f"not tested: {reason}; "), result.detail
+        assert exit_status([result]) == cl.EXIT_NOT_TESTED
+
+
+def test_a_wrong_token_fails_speculation_whatever_the_counters_say() -> None:
+    drafted, plain = {"a": run("a", [1, 9])}, {"a": run("a", [1, 2])}
+    scores = {"a": [top(1), below(9, 1.5)]}
+    for counts in (DRAFTED, SpecCounts(0.0, 0.0)):
+        result = compare.speculation(drafted, plain, scores, TIE, counts)
+        assert result.ok is False
+        assert exit_status([result]) == cl.EXIT_FAILED
+
+
+def test_a_pass_reports_the_drafts_it_judged() -> None:
+    same = {"a": run("a", [1, 2])}
+    result = compare.speculation(same, same, {"a": [top(1), top(2)]}, TIE, DRAFTED)
+    assert result.ok is True and "40 drafts, 25 tokens accepted" in result.detail
+    assert result.data["drafts"] == 40.0 and exit_status([result]) == cl.EXIT_OK

@@ -32,6 +32,18 @@ def _median(values: list[float | None]) -> float | None:
     return statistics.median(known) if known else None
 
 
+# which figure is which, said beside the table (harnesses differ: under speculation, one that
+# counts streamed chunks as tokens reports decode steps/s)
+WHICH_IS_WHICH = (
+    "Tokens/s count generated tokens: tok/s per stream is vLLM's time per output token "
+    "(the client's figure where the server has none), client tok/s is the tokens as this "
+    "client received them over the stream. Decode steps/s is the target's forward passes per "
+    "second: client tok/s divided by the mean accepted length from /metrics (1 + accepted / "
+    "drafts: each step emits one token plus the drafts it accepted). Without speculation the "
+    "two are the same; a harness that counts streamed chunks as tokens reports decode steps/s."
+)
+
+
 def markdown(result: dict[str, Any]) -> str:
     lines = [
         f"# sparkserve bench: {result['model']} at {result['url']}",
@@ -64,15 +76,20 @@ def markdown(result: dict[str, Any]) -> str:
     lines += [
         "## Decode",
         "",
-        "| kind | concurrency | tok/s per stream | aggregate tok/s | mean TTFT s | "
-        "acceptance length | prefix hit rate |",
-        "| --- | --- | --- | --- | --- | --- | --- |",
+        WHICH_IS_WHICH,
+        "",
+        "| kind | concurrency | tok/s per stream | client tok/s per stream | decode steps/s per "
+        "stream | mean accepted length | aggregate tok/s | mean TTFT s | prefix hit rate |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for row in result["decode"]:
         lines.append(
             f"| {row['kind']} | {row['concurrency']} | {_f(row['per_stream_tok_s'], 1)} | "
+            f"{_f(row.get('client_per_stream_tok_s'), 1)} | "
+            f"{_f(row.get('decode_steps_s_per_stream'), 1)} | "
+            f"{_f(row['spec']['mean_acceptance_length'])} | "
             f"{_f(row['aggregate_tok_s'], 1)} | {_f(row['ttft_s_mean'], 3)} | "
-            f"{_f(row['spec']['mean_acceptance_length'])} | {_pct(row['prefix']['hit_rate'])} |"
+            f"{_pct(row['prefix']['hit_rate'])} |"
         )
     by_kind = result.get("acceptance_by_kind") or {}
     if by_kind:

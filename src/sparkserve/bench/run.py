@@ -166,6 +166,10 @@ class Bench:
             "_before": before,
             "_after": after,
         }
+        # what a harness that counts streamed chunks as tokens would report (docs/PROOF-TOOLS.md)
+        row["decode_steps_s_per_stream"] = metrics.steps_per_s(
+            row["client_per_stream_tok_s"], row["spec"]
+        )
         acc = row["spec"]["mean_acceptance_length"]
         self.say(
             f"[bench] {index}/{total} {kind} c={concurrency}: {_fmt(row['per_stream_tok_s'])} "

@@ -124,6 +124,19 @@ def acceptance(
     }
 
 
+def steps_per_s(tokens_per_s: float | None, spec: Mapping[str, object]) -> float | None:
+    """Decode steps (the target's forward passes) per second behind `tokens_per_s`: each step
+    emits one token plus the drafts it accepted, so tokens/s / the mean accepted length of
+    `spec` (an `acceptance` window); tokens/s itself where nothing was drafted (a step is a
+    token). None where either is unknown."""
+    length = spec.get("mean_acceptance_length")
+    if tokens_per_s is None:
+        return None
+    if isinstance(length, float | int) and length > 0:
+        return tokens_per_s / float(length)
+    return None if spec.get("drafts") else tokens_per_s
+
+
 def per_position(accepted: float, reached: float) -> float | None:
     return accepted / reached if reached else None
 

@@ -28,7 +28,7 @@ from pathlib import Path
 from sparkserve.client.server import Server, StreamResult
 from sparkserve.knobs.registry import BY_NAME, STOP_MARGIN_S, Launcher, image_of
 from sparkserve.recipes import LAUNCHER_SCRIPTS, launcher_dir
-from sparkserve.selftest.checks import Result
+from sparkserve.selftest.checks import Result, not_tested
 from sparkserve.selftest.models import Models
 
 SERVED_NAME = "selftest"
@@ -167,7 +167,7 @@ def stop_with_a_stream_open(running: Running, drain_s: int, max_len: int) -> Res
     if drain_s == 0:
         return Result("drain on stop", code == 0, detail + " (SHUTDOWN_TIMEOUT_S=0: no drain)")
     if result.ended is not None and result.ended < signalled:
-        return Result("drain on stop", None, detail + " (before the SIGTERM: not a drain)")
+        return not_tested("drain on stop", "the stream ended before the SIGTERM", detail)
     return Result("drain on stop", code == 0 and finished, detail)
 
 

@@ -1,9 +1,11 @@
 """What the selftest asks of one running server, check by check.
 
 Each check is a function of a `Probe` (the server, its key, what the case serves) that returns
-a `Result`: passed, failed, or `None` where the check reports what it saw without judging it
-(random weights say nothing of quality; a GPU-only feature on a CPU). A check never raises: an
-exception is its failure, in one line.
+a `Result` of three outcomes: passed (ok), FAILED, or not tested (`ok` None) with the reason in
+its detail: random weights that cannot judge a divergence, a GPU-only feature on a CPU, a
+feature that did not run. A not-tested result that the settings claim (`claimed`: the int8
+head on, speculation on, prefix caching on) keeps the run from passing: `exit_status`. A check
+never raises: an exception is its failure, in one line.
 """
 
 from __future__ import annotations
@@ -14,11 +16,12 @@ import math
 import random
 import re
 import time
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterable
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from sparkserve import command_line as cl
 from sparkserve.client import metrics
 from sparkserve.client.server import Server, ServerError
 from sparkserve.in_vllm import access
@@ -46,17 +49,56 @@ TOOL = {
 }
 
 
+# the reasons a claimed feature is not tested, in the words the table and the JSON use
+NO_INT8_HEAD = "no int8 head ran"
+NO_DRAFT = "no draft was proposed"
+RANDOM_WEIGHTS = "random weights: a divergence cannot be judged"
+NOT_TESTED = "not tested"
+
+
 def mark(ok: bool | None) -> str:
-    """A check's verdict in a word: passed, failed, or seen (reported, not judged)."""
-    return {True: "ok", False: "FAILED", None: "seen"}[ok]
+    """A check's outcome in a word: ok (passed), FAILED, or not tested."""
+    return {True: "ok", False: "FAILED", None: NOT_TESTED}[ok]
 
 
 @dataclass
 class Result:
     name: str
-    ok: bool | None  # None: reported, not judged
+    ok: bool | None  # None: not tested (the detail says why)
     detail: str
     data: dict[str, Any] = field(default_factory=dict)
+    # the settings claim what this checks (int8 head, speculation, prefix caching): not
+    # tested is then not a pass (EXIT_NOT_TESTED)
+    claimed: bool = False
+
+
+def not_tested(name: str, reason: str, detail: str = "", claimed: bool = False,
+               data: dict[str, Any] | None = None) -> Result:  # fmt: skip
+    """A result that judged nothing: `reason` first, in the table's words."""
+    return Result(name, None, f"{NOT_TESTED}: {reason}" + (f"; {detail}" if detail else ""),
+                  data or {}, claimed)  # fmt: skip
+
+
+def as_json(result: Result) -> dict[str, Any]:
+    """A result for the JSON reports, its outcome in words beside `ok`."""
+    return {**asdict(result), "outcome": "passed" if result.ok else mark(result.ok)}
+
+
+def untested_claims(names_results: Iterable[tuple[str, Result]]) -> list[str]:
+    """`where: check` for each claimed check that was not tested."""
+    return [f"{where}: {r.name}" if where else r.name
+            for where, r in names_results if r.ok is None and r.claimed]  # fmt: skip
+
+
+def exit_status(results: Iterable[Result]) -> int:
+    """EXIT_FAILED where a check failed; else EXIT_NOT_TESTED where a claimed check was not
+    tested; else EXIT_OK."""
+    found = list(results)
+    if any(r.ok is False for r in found):
+        return cl.EXIT_FAILED
+    if any(r.ok is None and r.claimed for r in found):
+        return cl.EXIT_NOT_TESTED
+    return cl.EXIT_OK
 
 
 @dataclass
@@ -72,6 +114,10 @@ class Probe:
     # hidden states of the last matched block, so vLLM drops it from each hit; DFlash does not
     # (vLLM issue #51250; sparkserve.launch.workarounds turns the drop off before 0.33)
     kept_back: int = 0
+    # the tool-call format the model writes, named by the parser its recipe gives (the model's
+    # truth), and the parser the server runs (TOOL_PARSER): `check_tool_call`
+    tool_format: str = ""
+    tool_parser: str = ""
     metrics_open: bool = False  # METRICS_OPEN=1: /metrics needs no key
     server_log: Path | None = None  # what vLLM printed: where its KV cache groups are named
 
@@ -166,27 +212,121 @@ def check_stream(probe: Probe) -> Result:
     return Result("stream", ok, detail, {"decode_tok_s": rate, "ttft_s": stream.ttft_s})
 
 
-def check_tool_call(probe: Probe) -> Result:
-    """A named tool choice: vLLM answers with a call of that function, its arguments held to
-    the tool parser's format (structured outputs). The arguments are reported, not judged:
-    qwen3_xml's grammar fixes the tags, not the parameters, a JSON grammar lets random weights
-    add whitespace forever, and logit_bias (which could forbid it) is refused beside
-    speculative decoding. Thinking off: the constraint starts where the reasoning ends."""
+# One call of TOOL as each model family writes it, keyed by the parser its recipe names:
+# Qwen3.5 and Qwen3-Coder write XML (qwen3_xml, qwen3_coder), Qwen3 Hermes-style JSON
+CALL_ARGUMENTS = {"unit": "kelvin"}
+XML_CALL = ("<tool_call>\n<function=set_unit>\n<parameter=unit>\nkelvin\n</parameter>\n"
+            "</function>\n</tool_call>")  # fmt: skip
+HERMES_CALL = '<tool_call>\n{"name": "set_unit", "arguments": {"unit": "kelvin"}}\n</tool_call>'
+CALL_TEXT = {"qwen3_xml": XML_CALL, "qwen3_coder": XML_CALL, "hermes": HERMES_CALL}
+REGEX_META = set("\\.^$|?*+()[]{}")
+
+
+def arguments_fault(arguments: str) -> str | None:
+    """What is wrong with a call's arguments against TOOL's schema (an object with `unit`, one
+    of its enum, nothing else), or None where they fit it."""
+    try:
+        value = json.loads(arguments)
+    except ValueError:
+        return "not JSON"
+    schema = TOOL["function"]["parameters"]
+    if not isinstance(value, dict):
+        return "not an object"
+    missing = [name for name in schema["required"] if name not in value]
+    extra = sorted(set(value) - set(schema["properties"]))
+    if missing or extra:
+        return f"missing {missing}" if missing else f"not in the schema: {extra}"
+    allowed = schema["properties"]["unit"]["enum"]
+    return None if value["unit"] in allowed else f"unit {value['unit']!r} is not one of {allowed}"
+
+
+def judge_tool_reply(reply: dict[str, Any], max_tokens: int) -> Result:
+    """The outcome of a `tool_choice: "required"` reply (`check_tool_arguments`). vLLM holds
+    the reply to the tools with a grammar made by its tool parser, and the parser makes the
+    calls of the reply: a reply that ended (not cut at max_tokens) with no call, or a call of
+    another function, fails. Arguments that fit the schema pass; ones that do not are not
+    tested, since random weights write them where the parser's grammar holds the call's tags
+    and not its parameters (qwen3_xml), or whitespace where a JSON grammar allows it; a reply
+    cut at max_tokens is not tested."""
+    choice = reply["choices"][0]
+    calls = choice["message"].get("tool_calls") or []
+    cut = choice.get("finish_reason") == "length"
+    if not calls:
+        said = str(choice["message"].get("content"))[:80]
+        if cut:
+            why = f"random weights: the call did not end within {max_tokens} tokens"
+            return not_tested("tool arguments", why, f"content {said!r}")
+        return Result("tool arguments", False, f"the tool parser found no call in the reply "
+                      f"({choice.get('finish_reason')}): content {said!r}")  # fmt: skip
+    function = calls[0]["function"]
+    shown = f"{function['name']}({function['arguments'][:80]})"
+    if function["name"] != TOOL["function"]["name"]:
+        return Result("tool arguments", False, f"{shown}: a function the request did not offer")
+    fault = arguments_fault(function["arguments"])
+    if fault is None:
+        return Result("tool arguments", True, f"{shown}: the parser's call, its arguments fit "
+                      "the schema", {"arguments": function["arguments"]})  # fmt: skip
+    why = "random weights: the arguments are not held by a grammar" + (
+        f" and were cut at {max_tokens} tokens" if cut else "")  # fmt: skip
+    return not_tested("tool arguments", why, f"{shown}: {fault}", data={"fault": fault})
+
+
+def check_tool_arguments(probe: Probe) -> Result:
+    """`tool_choice: "required"`: the server holds the reply to a call of the offered function
+    with a grammar its tool parser makes, and its parser finds the call (a named choice would
+    not do: for a parser without a grammar of its own vLLM copies the name from the request).
+    Judged by `judge_tool_reply`. Thinking off: the constraint starts where the reasoning
+    ends."""
+    max_tokens = 128
     reply = probe.post("/v1/chat/completions", {
         "messages": [{"role": "user", "content": "Use kelvin."}], "tools": [TOOL],
-        "tool_choice": {"type": "function", "function": {"name": "set_unit"}},
-        "max_tokens": 64, "temperature": 0, **NO_THINKING})  # fmt: skip
-    calls = reply["choices"][0]["message"].get("tool_calls") or []
-    if not calls:
-        return Result("tool call", False, f"no tool call: {reply['choices'][0]['message']}")
-    function = calls[0]["function"]
+        "tool_choice": "required", "max_tokens": max_tokens, "temperature": 0,
+        **NO_THINKING})  # fmt: skip
+    return judge_tool_reply(reply, max_tokens)
+
+
+def check_tool_call(probe: Probe) -> Result:
+    """The server's tool parser reads a call written in the model's own format. The model is
+    made to write one exact call (`CALL_TEXT` for its format, held by a regex grammar under
+    `tool_choice: "auto"`, whatever its weights), and the parser must return it as
+    set_unit({"unit": "kelvin"}). A TOOL_PARSER that does not read the model's format finds no
+    call in it: FAILED."""
+    text = CALL_TEXT.get(probe.tool_format)
+    if text is None:
+        return not_tested("tool call", f"no call text for the model's format "
+                          f"{probe.tool_format or '(none)'!r}")  # fmt: skip
+    reply = probe.post("/v1/chat/completions", {
+        "messages": [{"role": "user", "content": "Use kelvin."}], "tools": [TOOL],
+        "tool_choice": "auto", "structured_outputs": {"regex": literal_regex(text)},
+        "max_tokens": 128, "temperature": 0, **NO_THINKING})  # fmt: skip
+    where = f"TOOL_PARSER={probe.tool_parser or '?'} on the model's {probe.tool_format} format"
+    return judge_parsed_call(reply, where)
+
+
+def judge_parsed_call(reply: dict[str, Any], where: str) -> Result:
+    """`check_tool_call`'s verdict: the parser returned exactly the call the model wrote."""
+    choice = reply["choices"][0]
+    calls = choice["message"].get("tool_calls") or []
+    read = [(c["function"]["name"], _json_or_text(c["function"]["arguments"])) for c in calls]
+    wanted = [(TOOL["function"]["name"], CALL_ARGUMENTS)]
+    if read == wanted:
+        return Result("tool call", True, f"{where}: read set_unit({json.dumps(CALL_ARGUMENTS)})")
+    said = str(choice["message"].get("content"))[:80]
+    return Result("tool call", False, f"{where}: the parser read {read or 'no call'} "
+                  f"(finish {choice.get('finish_reason')}), content {said!r}")  # fmt: skip
+
+
+def _json_or_text(text: str) -> Any:
     try:
-        valid = json.loads(function["arguments"]).get("unit") in ("celsius", "kelvin")
-    except (ValueError, AttributeError):
-        valid = False
-    detail = f"{function['name']}({function['arguments'][:80]})"
-    detail += ": valid arguments" if valid else ": arguments not valid (not judged)"
-    return Result("tool call", function["name"] == "set_unit", detail)
+        return json.loads(text)
+    except ValueError:
+        return text
+
+
+def literal_regex(text: str) -> str:
+    """A regex that matches `text` only (xgrammar's dialect: metacharacters escaped, newlines
+    as \\n)."""
+    return "".join("\\n" if c == "\n" else f"\\{c}" if c in REGEX_META else c for c in text)
 
 
 def check_reasoning(probe: Probe) -> Result:
@@ -221,7 +361,9 @@ def check_speculation(probe: Probe) -> Result:
     detail = f"{drafts:.0f} drafts, {drafted:.0f} tokens drafted, {accepted:.0f} accepted"
     detail += f" ({rate:.0%}; random weights: acceptance means nothing)"
     data = {"drafts": drafts, "drafted": drafted, "accepted": accepted}
-    return Result("speculation", drafts > 0 and drafted > 0, detail, data)
+    if not drafts or not drafted:  # the case speculates: a drafter that never proposed
+        return not_tested("speculation", NO_DRAFT, detail, claimed=True, data=data)
+    return Result("speculation", True, detail, data, claimed=True)
 
 
 def cache_info(snapshot: metrics.Snapshot) -> dict[str, str]:
@@ -317,13 +459,17 @@ def check_head(probe: Probe) -> Result:
         return Result("lm head", False, "no report from the int8 lm-head plugin")
     report = json.loads(files[-1].read_text())
     if report["path"] != "int8":
-        ok = not probe.int8_head or (False if probe.cuda else None)
-        return Result("lm head", ok, f"bf16: {report['reason']}", report)
+        if not probe.int8_head:
+            return Result("lm head", True, f"bf16: {report['reason']}", report)
+        if probe.cuda:  # on CUDA the int8 head must win
+            return Result("lm head", False, f"bf16: {report['reason']}", report, claimed=True)
+        detail = f"bf16: {report['reason']} (off CUDA)"
+        return not_tested("lm head", NO_INT8_HEAD, detail, claimed=True, data=report)
     net = report["freed_bytes"] - report["int8_bytes"]
     shared = report["drafter"] == "shares the target's head (int8)"
     ok = probe.int8_head and report["freed_bytes"] > 0 and (shared or not probe.speculative)
     detail = f"int8 ({report['kernel']} kernel), net {net / 2**20:.1f} MiB back, drafter: "
-    return Result("lm head", ok, detail + report["drafter"], report)
+    return Result("lm head", ok, detail + report["drafter"], report, claimed=probe.int8_head)
 
 
 def greedy_tokens(probe: Probe) -> Result:
@@ -341,7 +487,10 @@ def greedy_tokens(probe: Probe) -> Result:
 
 def compare_greedy(name: str, runs: list[dict], reference: list[dict]) -> Result:
     """The first token where `runs` leaves the reference's greedy path, and how clear the
-    reference's choice was there (its top logprob minus the runner-up's)."""
+    reference's choice was there (its top logprob minus the runner-up's). Identical paths
+    pass; a divergence where the choice was clear fails; one where it was not (random
+    weights' tiny margins) is not tested, and the case claims it (speculation, the int8
+    head), so it keeps the selftest from passing."""
     notes, diverged, clear = [], False, False
     for index, (run, ref) in enumerate(zip(runs, reference, strict=True)):
         at = next(
@@ -354,8 +503,9 @@ def compare_greedy(name: str, runs: list[dict], reference: list[dict]) -> Result
         margin = top[0] - top[1] if len(top) > 1 else float("inf")
         diverged, clear = True, clear or margin > CLEAR_MARGIN
         notes.append(f"prompt {index + 1}: token {at}, margin {margin:.3f}")
-    ok: bool | None = False if clear else (None if diverged else True)
-    return Result(name, ok, "; ".join(notes))
+    if diverged and not clear:
+        return not_tested(name, RANDOM_WEIGHTS, "; ".join(notes), claimed=True)
+    return Result(name, not diverged, "; ".join(notes), claimed=True)
 
 
 def run_checks(

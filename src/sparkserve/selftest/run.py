@@ -7,8 +7,11 @@ gets the same checks (sparkserve.selftest.checks), then the cases are compared: 
 against no speculation, the int8 head against the bf16 head, greedy token by token.
 
 Progress goes to stderr while it runs; the end is a table on stdout and `selftest.json` (and
-each server's log) in `--out`. Exit 0 when no check failed, 1 naming the failed checks, 2 on
-bad input before anything starts.
+each server's log) in `--out`. Every check ends ok, FAILED, or not tested with the reason.
+Exit 0 when every check passed or was not claimed, 1 naming the failed checks, 5 naming the
+checks a case claims (its int8 head, its speculation, greedy parity) that were not tested
+(no int8 head ran, no draft was proposed, random weights: a divergence cannot be judged), 2
+on bad input before anything starts.
 """
 
 from __future__ import annotations
@@ -20,16 +23,16 @@ import secrets
 import shutil
 import sys
 import time
-from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+from sparkserve import command_line as cl
 from sparkserve import recipes
 from sparkserve.atomic_file import replace_text
-from sparkserve.knobs.registry import BY_NAME
+from sparkserve.knobs.registry import BY_NAME, image_of
 from sparkserve.memory.checkpoint import hf_home
 from sparkserve.selftest import cases, checks
-from sparkserve.selftest.checks import mark
+from sparkserve.selftest.checks import as_json, exit_status, mark, untested_claims
 from sparkserve.selftest.models import TINY, GeometryError, Models, keep_models, models_home
 
 DEFAULT_LAYERS = 8  # of a recipe's geometry: the drafter reads 8 target layers
@@ -71,7 +74,9 @@ def serve_case(
             int8_head=case.int8_head, cuda=cuda,
             kept_back=1 if case.launcher == "mtp" else 0,
             metrics_open=env.get("METRICS_OPEN", BY_NAME["METRICS_OPEN"].default) == "1",
-            server_log=running.log,
+            server_log=running.log, tool_format=model_tool_format(geometry),
+            tool_parser=env.get("TOOL_PARSER",
+                                BY_NAME["TOOL_PARSER"].default_for(case.launcher, image_of(env))),
         )  # fmt: skip
         max_len = int(env["MAX_MODEL_LEN"])  # case_env always sets it
         steps = [
@@ -80,6 +85,7 @@ def serve_case(
             ("chat", lambda: checks.check_chat(probe)),
             ("stream", lambda: checks.check_stream(probe)),
             ("tool call", lambda: checks.check_tool_call(probe)),
+            ("tool arguments", lambda: checks.check_tool_arguments(probe)),
             ("reasoning", lambda: checks.check_reasoning(probe)),
             ("prefix hits", lambda: checks.check_prefix_hits(probe, max_len)),
             ("greedy", lambda: checks.greedy_tokens(probe)),
@@ -88,6 +94,8 @@ def serve_case(
         ]
         if not env.get("REASONING_PARSER", BY_NAME["REASONING_PARSER"].default):
             steps = [step for step in steps if step[0] != "reasoning"]
+        if not probe.tool_parser:  # TOOL_PARSER= : no tool calls served
+            steps = [step for step in steps if not step[0].startswith("tool ")]
         results = [healthy, *checks.run_checks(probe, steps, progress)]
         drain = int(env.get("SHUTDOWN_TIMEOUT_S") or BY_NAME["SHUTDOWN_TIMEOUT_S"].default)
         stopped = cases.stop_with_a_stream_open(running, drain, max_len)
@@ -95,6 +103,15 @@ def serve_case(
         return [*results, stopped]
     finally:
         cases.kill(running)
+
+
+def model_tool_format(geometry: str) -> str:
+    """The tool-call format the served model writes, as the parser its recipe names (the
+    registry's default, Qwen3.5's, for the tiny geometry): what the tool-call check has the
+    model write, whatever TOOL_PARSER the server runs."""
+    if geometry == TINY:
+        return BY_NAME["TOOL_PARSER"].default
+    return recipes.load(geometry).shared.get("TOOL_PARSER", BY_NAME["TOOL_PARSER"].default)
 
 
 def has_cuda() -> bool:
@@ -198,7 +215,12 @@ def run(args: argparse.Namespace) -> int:
     failed = failed_checks(results)
     if failed:
         print(f"sparkserve selftest: FAILED: {'; '.join(failed)} (logs in {out})", file=sys.stderr)
-        return 1
+        return cl.EXIT_FAILED
+    untested = untested_claims((case, r) for case, rs in results.items() for r in rs)
+    if untested:
+        print(f"sparkserve selftest: not tested: {'; '.join(untested)}, which the case claims "
+              f"(logs in {out})", file=sys.stderr)  # fmt: skip
+        return cl.EXIT_NOT_TESTED
     cases_run = f"{len(results)} case{'s' if len(results) != 1 else ''}"
     print(f"sparkserve selftest: passed ({cases_run}; {out}/selftest.json)")
     return 0
@@ -208,6 +230,10 @@ def write_json(out: Path, geometry: str, models: Models, cuda: bool, results: di
     document = {
         "geometry": geometry, "layers": models.layers, "full_layers": models.full_layers,
         "vocab": models.vocab, "cuda": cuda,
-        "cases": {case: [asdict(r) for r in rs] for case, rs in results.items()},
+        "cases": {case: [as_json(r) for r in rs] for case, rs in results.items()},
+        "failed": failed_checks(results),
+        "not_tested": untested_claims((c, r) for c, rs in results.items() for r in rs),
+        "outcome": {cl.EXIT_OK: "passed", cl.EXIT_FAILED: "FAILED"}.get(
+            exit_status(r for rs in results.values() for r in rs), "not tested"),
     }  # fmt: skip
     replace_text(out / "selftest.json", json.dumps(document, indent=1, default=str))

@@ -8,15 +8,29 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from sparkserve.knobs.registry import BY_NAME
 from sparkserve.launch.settings import Settings
 from sparkserve.selftest import checks
-from sparkserve.selftest.checks import Probe, Result
+from sparkserve.selftest.checks import Probe, Result, not_tested
 
 
 def probe_for(server: Any, model: str, settings: Settings, out: Path) -> Probe:
     return Probe(server=server, key=settings["API_KEY"], model=model, speculative=False,
                  head_report_dir=out, int8_head=False, cuda=False,
-                 metrics_open=settings.values.METRICS_OPEN)  # fmt: skip
+                 metrics_open=settings.values.METRICS_OPEN,
+                 tool_format=model_tool_format(settings),
+                 tool_parser=settings["TOOL_PARSER"])  # fmt: skip
+
+
+def model_tool_format(settings: Settings) -> str:
+    """The tool-call format the model writes, as the parser its recipe names, or the image's
+    default (its model's) without a recipe: not the TOOL_PARSER a user set over it, which is
+    what the tool-call check puts to the test."""
+    if settings.recipe is not None:
+        chosen = settings.recipe.knobs_for(settings.launcher).get("TOOL_PARSER")
+        if chosen is not None:
+            return chosen
+    return BY_NAME["TOOL_PARSER"].default_for(settings.launcher, settings.image)
 
 
 def _error_message(body: Any) -> str:
@@ -61,18 +75,19 @@ def steps(probe: Probe, settings: Settings, max_len: int) -> list[tuple[str, Cal
     ]
     if settings["TOOL_PARSER"]:
         found.append(("tool call", lambda: checks.check_tool_call(probe)))
+        found.append(("tool arguments", lambda: checks.check_tool_arguments(probe)))
     if settings["REASONING_PARSER"]:
         found.append(("reasoning", lambda: checks.check_reasoning(probe)))
     return found
 
 
 def skipped(probe: Probe, settings: Settings) -> list[Result]:
-    """What the API checks leave out, said as results that judge nothing."""
+    """What the API checks leave out, as results not tested (the settings claim none of it)."""
     notes = []
     if not probe.key:
-        notes.append(Result("key", None, "no API_KEY: every route is open (not checked)"))
+        notes.append(not_tested("key", "no API_KEY: every route is open"))
     if not settings["TOOL_PARSER"]:
-        notes.append(Result("tool call", None, "no TOOL_PARSER: not checked"))
+        notes.append(not_tested("tool call", "no TOOL_PARSER"))
     if not settings["REASONING_PARSER"]:
-        notes.append(Result("reasoning", None, "no REASONING_PARSER: not checked"))
+        notes.append(not_tested("reasoning", "no REASONING_PARSER"))
     return notes

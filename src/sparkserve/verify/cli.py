@@ -8,8 +8,14 @@ head, no speculation. A fixed, versioned prompt set (chat, code, tool use, a lon
 prefix) is sent as token ids, greedy, to each (docs/VERIFY.md). The server is left running
 with its starting setting, also when interrupted.
 
-Exit status: 0 every check passed, 1 a check failed (named on stderr), 2 bad input or a
-server that is not sparkserve's (nothing restarted), 3 a restart broke off, 130 interrupted.
+Each check ends passed, FAILED, or not tested with the reason ("no int8 head ran": its
+log-probabilities are bit-identical to the bf16 head's; "no draft was proposed": vLLM's
+spec-decode counters did not move over the speculating runs). The settings claim what they turn
+on (the int8 head, speculation, prefix caching) and --checks claims what it names.
+
+Exit status: 0 every claimed check was tested and passed, 1 a check failed (named on stderr),
+5 nothing failed but a claimed check was not tested (named on stderr), 2 bad input or a server
+that is not sparkserve's (nothing restarted), 3 a restart broke off, 130 interrupted.
 """
 
 from __future__ import annotations
@@ -25,7 +31,14 @@ from sparkserve import command_line as cl
 from sparkserve.client.server import Server, ServerError
 from sparkserve.client.tool import say, write_report
 from sparkserve.recipes import RecipeError
-from sparkserve.selftest.checks import Result, run_checks
+from sparkserve.selftest.checks import (
+    Result,
+    as_json,
+    exit_status,
+    not_tested,
+    run_checks,
+    untested_claims,
+)
 from sparkserve.tune.driver import RestartFailed
 from sparkserve.tune.driver_options import (
     add_restart_options,
@@ -37,6 +50,7 @@ from sparkserve.verify import api, collect, compare, phases, report
 from sparkserve.verify.prompts import VERSION
 
 PROG = "sparkserve verify"
+DEFAULT_CHECKS = ",".join(phases.CHECKS)
 
 
 def add_command(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -49,7 +63,7 @@ def add_command(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -
     )
     add_restart_options(parser, PROG)
     parser.add_argument(
-        "--checks", default=",".join(phases.CHECKS),
+        "--checks", default=DEFAULT_CHECKS,
         help=f"which, comma-separated (default all: {','.join(phases.CHECKS)})",
     )  # fmt: skip
     parser.add_argument(
@@ -85,6 +99,8 @@ class Collected:
     scores: dict[str, dict[str, list[collect.Score]]] = field(default_factory=dict)
     repeat: dict[str, collect.Run] = field(default_factory=dict)
     repeat_hits: float = 0.0
+    # the spec-decode counters over the served greedy runs
+    spec: collect.SpecCounts = field(default_factory=lambda: collect.SpecCounts(0.0, 0.0))
 
 
 def _greedy_all(server: Server, model: str, prompts: list[collect.Rendered],
@@ -95,7 +111,15 @@ def _greedy_all(server: Server, model: str, prompts: list[collect.Rendered],
 def _serve_phase(phase: phases.Phase, server: Server, model: str, prompts: list[collect.Rendered],
                  args: argparse.Namespace, got: Collected, uses: phases.Uses,
                  checks: set[str]) -> None:  # fmt: skip
-    got.runs[phase.name] = _greedy_all(server, model, prompts, args.gen_tokens)
+    def runs() -> None:
+        got.runs[phase.name] = _greedy_all(server, model, prompts, args.gen_tokens)
+
+    if phase.name == phases.SERVED and "speculation" in checks and uses.speculating:
+        got.spec = collect.spec_counts(server, model, runs)  # the runs speculation is judged on
+        say(f"[verify] served: {got.spec.drafts:.0f} drafts, {got.spec.accepted:.0f} tokens "
+            "accepted (vLLM's spec-decode counters)")  # fmt: skip
+    else:
+        runs()
     say(f"[verify] {phase.name}: {len(prompts)} prompts x {args.gen_tokens} greedy tokens")
     if phase.name == phases.SERVED and "prefix" in checks and uses.prefix_cache:
         shared = [p for p in prompts if p.prompt.shared_prefix]
@@ -119,17 +143,25 @@ def _serve_phase(phase: phases.Phase, server: Server, model: str, prompts: list[
             say(f"[verify] {phase.name}: scored the {reference} runs (teacher-forced)")
 
 
-def _unused(name: str, knob: str) -> tuple[str, Result]:
-    return phases.SERVED, Result(name, None, f"{knob}: not used, not checked")
+def _unused(name: str, knob: str, claimed: bool) -> tuple[str, Result]:
+    """A feature the settings turn off: not tested; a claim where --checks named it."""
+    why = f"{knob}: the feature is off" + (" but --checks names it" if claimed else "")
+    return phases.SERVED, not_tested(name, why, claimed=claimed)
 
 
 def _verdicts(
-    got: Collected, uses: phases.Uses, checks: set[str], max_delta: float, tie: float
+    got: Collected,
+    uses: phases.Uses,
+    checks: set[str],
+    max_delta: float,
+    tie: float,
+    named: frozenset[str] = frozenset(),
 ) -> list[tuple[str, Result]]:
+    """The comparisons' results; `named`: the checks --checks named (claims of their own)."""
     found: list[tuple[str, Result]] = []
     served = got.runs[phases.SERVED]
     if "prefix" in checks and not uses.prefix_cache:
-        found.append(_unused("prefix caching vs off", "PREFIX_CACHE=0"))
+        found.append(_unused("prefix caching vs off", "PREFIX_CACHE=0", "prefix" in named))
     elif "prefix" in checks:
         first = {name: served[name] for name in got.repeat}
         repeated = compare.same_runs("repeat", got.repeat, first, tie)
@@ -137,13 +169,13 @@ def _verdicts(
         verdict = compare.prefix_caching(got.repeat_hits, repeated, off)
         found.append((phases.PREFIX_OFF, verdict))
     if "speculation" in checks and not uses.speculating:
-        found.append(_unused("speculation vs plain", "NUM_SPEC_TOKENS=0"))
+        found.append(_unused("speculation vs plain", "NUM_SPEC_TOKENS=0", "speculation" in named))
     elif "speculation" in checks:
         plain = got.runs[phases.PLAIN]
-        verdict = compare.speculation(served, plain, got.scores[phases.SERVED], tie)
+        verdict = compare.speculation(served, plain, got.scores[phases.SERVED], tie, got.spec)
         found.append((phases.PLAIN, verdict))
     if "head" in checks and not uses.int8_head:
-        found.append(_unused("int8 head vs bf16", "SPARK_KEEP_BF16_LMHEAD=1"))
+        found.append(_unused("int8 head vs bf16", "SPARK_KEEP_BF16_LMHEAD=1", "head" in named))
     elif "head" in checks:
         verdict = compare.int8_head(got.runs[phases.BF16], got.scores[phases.BF16], max_delta)
         found.append((phases.BF16, verdict))
@@ -163,6 +195,7 @@ def _limits(args: argparse.Namespace, recipe_name: str) -> tuple[float, float, s
 
 def _verify(args: argparse.Namespace, env: Mapping[str, str]) -> int:
     checks = _checks(args.checks)
+    named = frozenset(checks) if args.checks != DEFAULT_CHECKS else frozenset()
     server, info, out, driver, served = prepare(args, env, "verify", "verify")
     uses = phases.Uses.of(served)
     max_delta, tie, limits_source = _limits(args, served["RECIPE"])
@@ -187,7 +220,7 @@ def _verify(args: argparse.Namespace, env: Mapping[str, str]) -> int:
                 found = run_checks(probe, steps, lambda line: say(f"[verify] api: {line}"))
                 results += [(phase.name, r) for r in [*found, *api.skipped(probe, served)]]
             _serve_phase(phase, server, info.model, prompts, args, got, uses, checks)
-        results += _verdicts(got, uses, checks, max_delta, tie)
+        results += _verdicts(got, uses, checks, max_delta, tie, named)
     except (ServerError, RestartFailed, KeyError, IndexError, TypeError, ValueError) as exc:
         results.append(("", Result("run", False, f"{type(exc).__name__}: {exc}"[:300])))
         status = cl.EXIT_STOPPED
@@ -206,10 +239,13 @@ def _verify(args: argparse.Namespace, env: Mapping[str, str]) -> int:
         "limits": limits_source, "restart_s": restarter.took_s,
         "prompts": {p.prompt.name: {"kind": p.prompt.kind, "tokens": len(p.ids)}
                     for p in prompts},
-        "results": [{"setting": phase, **asdict(r)} for phase, r in results],
+        "results": [{"setting": phase, **as_json(r)} for phase, r in results],
         "runs": {phase: {name: asdict(run) for name, run in runs.items()}
                  for phase, runs in got.runs.items()},
         "failed": report.failed(results),
+        "not_tested": untested_claims(results),
+        "outcome": {cl.EXIT_OK: "passed", cl.EXIT_FAILED: "FAILED"}.get(
+            exit_status(r for _, r in results), "not tested"),
         "files": {"json": "verify.json", "png": "verify.png"},
     }  # fmt: skip
     write_report(out, "verify", document, report.plot, "verify")
@@ -223,6 +259,10 @@ def _verify(args: argparse.Namespace, env: Mapping[str, str]) -> int:
         print(f"{PROG}: FAILED: {', '.join(document['failed'])} ({out}/verify.json)",
               file=sys.stderr)  # fmt: skip
         return cl.EXIT_FAILED
+    if document["not_tested"]:
+        print(f"{PROG}: not tested: {', '.join(document['not_tested'])}, which the settings "
+              f"claim ({out}/verify.json)", file=sys.stderr)  # fmt: skip
+        return cl.EXIT_NOT_TESTED
     print(f"{PROG}: passed ({out}/verify.json)", file=sys.stderr)
     return cl.EXIT_OK
 

@@ -119,6 +119,25 @@ def score(server: Server, model: str, prompt: Rendered, run: Run) -> list[Score]
     return scores
 
 
+@dataclass(frozen=True)
+class SpecCounts:
+    """vLLM's spec-decode counters over a window: drafts proposed and tokens accepted."""
+
+    drafts: float
+    accepted: float
+
+
+def spec_counts(server: Server, model: str, action: Any) -> SpecCounts:
+    """The drafts and accepted tokens that `action()` caused, from /metrics (0 where the
+    server exports no spec-decode counters: it drafted nothing)."""
+    before = server.settled_metrics()
+    action()
+    after = server.settled_metrics()
+    drafts = metrics.delta(before, after, metrics.DRAFTS, model) or 0.0
+    accepted = metrics.delta(before, after, metrics.ACCEPTED, model) or 0.0
+    return SpecCounts(drafts, accepted)
+
+
 def prefix_hits(server: Server, action: Any) -> float:
     """Prefix-cache hits (tokens) that `action()` caused, from /metrics."""
     before = server.settled_metrics()

@@ -1,6 +1,8 @@
 """The verdicts: runs and scores of different settings compared, position by position. Pure
-functions of what `collect` read; each returns a selftest `Result` (passed, failed, or seen)
-whose data holds the figures the report plots.
+functions of what `collect` read; each returns a selftest `Result` (passed, FAILED, or not
+tested with the reason) whose data holds the figures the report plots. The features compared
+are the ones the settings claim, so a comparison that could not judge its feature (no int8 head
+ran, no draft was proposed) is a claimed "not tested", never a pass.
 
 Two tokens closer than `numeric_tie` (natural log) are a tie: a different order of the same
 arithmetic (a batch of drafted tokens verified at once, a state read back from the prefix
@@ -12,8 +14,8 @@ from __future__ import annotations
 import statistics
 from collections.abc import Mapping, Sequence
 
-from sparkserve.selftest.checks import Result
-from sparkserve.verify.collect import Run, Score
+from sparkserve.selftest.checks import NO_DRAFT, NO_INT8_HEAD, Result, not_tested
+from sparkserve.verify.collect import Run, Score, SpecCounts
 
 
 def first_divergence(run: Run, reference: Run) -> int | None:
@@ -39,10 +41,14 @@ def speculation(
     plain: Mapping[str, Run],
     scored: Mapping[str, Sequence[Score]],
     numeric_tie: float,
+    counts: SpecCounts,
 ) -> Result:
     """Greedy speculation is exact: every token the speculating server emitted must be the
     plain server's greedy choice at that position (teacher-forced), or tie with it. The first
-    place the two free runs part is reported with the plain run's margin there."""
+    place the two free runs part is reported with the plain run's margin there. `counts`: the
+    spec-decode counters over the speculating runs; where no draft was proposed, or none
+    accepted, the runs were the plain model's own and speculation is not tested (a wrong
+    token still fails)."""
     wrong, notes = [], []
     for name, scores in scored.items():
         bad = [i for i, s in enumerate(scores) if s.rank != 1 and s.gap > numeric_tie]
@@ -58,8 +64,17 @@ def speculation(
     agreement = agreement_by_position(scored)
     data = {"agreement_by_position": agreement, "first_divergence": {
         name: first_divergence(drafted[name], plain[name]) for name in scored}}  # fmt: skip
-    detail = "; ".join(wrong) if wrong else "every drafted token is the plain model's choice"
-    return Result("speculation vs plain", not wrong, f"{detail} ({'; '.join(notes)})", data)
+    data["drafts"], data["accepted"] = counts.drafts, counts.accepted
+    drafted = f"{counts.drafts:.0f} drafts, {counts.accepted:.0f} tokens accepted"
+    if wrong:
+        detail = f"{'; '.join(wrong)} ({drafted}; {'; '.join(notes)})"
+        return Result("speculation vs plain", False, detail, data, claimed=True)
+    if not counts.drafts or not counts.accepted:
+        reason = NO_DRAFT if not counts.drafts else "no drafted token was accepted"
+        detail = f"{drafted} over the runs judged ({'; '.join(notes)})"
+        return not_tested("speculation vs plain", reason, detail, claimed=True, data=data)
+    detail = f"every emitted token is the plain model's choice ({drafted}; {'; '.join(notes)})"
+    return Result("speculation vs plain", True, detail, data, claimed=True)
 
 
 def int8_head(
@@ -83,20 +98,20 @@ def int8_head(
     agreed = sum(1 for scores in scored.values() for s in scores if s.rank == 1)
     largest = max(deltas, default=0.0)
     mean = statistics.fmean(deltas) if deltas else 0.0
-    ok: bool | None = not wrong and largest <= max_delta
     detail = (f"top-1 agreement {agreed} of {positions}; |delta logprob| largest "
               f"{largest:.4f}, mean {mean:.4f} (limit {max_delta:g})")  # fmt: skip
-    if positions and largest == 0.0:
+    data = {"agreement_by_position": agreement, "agreed": agreed, "positions": positions,
+            "largest_delta": largest, "mean_delta": mean, "max_delta": max_delta}  # fmt: skip
+    if not positions or largest == 0.0:
         # bit-identical log-probabilities: both servers ran the bf16 head (the plugin's
         # calibration may pick bf16 off CUDA); there is no int8 head to judge
-        ok = None
-        detail += "; bit-identical: the int8 head is not in use (see the server's log)"
+        why = "bit-identical to bf16, see the server's log" if positions else "nothing scored"
+        return not_tested("int8 head vs bf16", NO_INT8_HEAD, f"{detail}; {why}", True, data)
     if wrong:
         detail += f"; a clear choice changed at {', '.join(wrong[:3])}"
         detail += f" and {len(wrong) - 3} more" if len(wrong) > 3 else ""
-    data = {"agreement_by_position": agreement, "agreed": agreed, "positions": positions,
-            "largest_delta": largest, "mean_delta": mean, "max_delta": max_delta}  # fmt: skip
-    return Result("int8 head vs bf16", ok, detail, data)
+    return Result("int8 head vs bf16", not wrong and largest <= max_delta, detail, data,
+                  claimed=True)  # fmt: skip
 
 
 def same_runs(name: str, runs: Mapping[str, Run], reference: Mapping[str, Run],
@@ -127,4 +142,5 @@ def prefix_caching(repeat_hits: float, repeated: Result, off: Result) -> Result:
     ok = repeat_hits > 0 and repeated.ok is not False and off.ok is not False
     detail = (f"{repeat_hits:.0f} tokens hit on the repeated prefix; repeat: {repeated.detail}; "
               f"cache off: {off.detail}")  # fmt: skip
-    return Result("prefix caching vs off", ok, detail, {"repeat_hits": repeat_hits})
+    return Result("prefix caching vs off", ok, detail, {"repeat_hits": repeat_hits},
+                  claimed=True)  # fmt: skip

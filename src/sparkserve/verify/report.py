@@ -38,7 +38,11 @@ def plot(document: dict[str, Any], path: Path) -> None:
     axis.set_ylabel("share of prompts: the reference's token is top-1")
     if lines:
         axis.legend(fontsize=8)
-    verdict = "passed" if not document["failed"] else "FAILED: " + ", ".join(document["failed"])
+    verdict = document.get("outcome", "passed")
+    if document["failed"]:
+        verdict = "FAILED: " + ", ".join(document["failed"])
+    elif document.get("not_tested"):
+        verdict = "not tested: " + ", ".join(document["not_tested"])
     axis.set_title(f"sparkserve verify {document['prompt_set']}: {document['model']} - {verdict}",
                    fontsize=10)  # fmt: skip
     fig.tight_layout()

@@ -11,12 +11,16 @@ from typing import Any
 
 from sparkserve.atomic_file import replace_figure
 from sparkserve.bench.report import nan_for_none, tokens_per_s_axes
+from sparkserve.client import metrics
 
 
 def join(benchmarks: list[dict[str, Any]], tests: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Each llama-benchy row with its test's settings: a test at a depth gives two rows (the
     context load, then the prompt after it; prefix caching is on in every profile), one at
-    depth 0 gives one. Rows beyond the tests seen (a run cut short) are left out."""
+    depth 0 gives one. Rows beyond the tests seen (a run cut short) are left out; a row of a
+    test that was cut short (llama-benchy may save it in the moment Ctrl-C lands) is kept and
+    labelled `cut_short`. Each row also gets `decode_steps_s`: its client tokens/s divided
+    by the test's mean accepted length (`decode_steps`)."""
     rows: list[dict[str, Any]] = []
     at = 0
     for test in tests:
@@ -29,9 +33,31 @@ def join(benchmarks: list[dict[str, Any]], tests: list[dict[str, Any]]) -> list[
                     f"llama-benchy's row {at} has concurrency {row['concurrency']}, its test "
                     f"{test['concurrency']}: the output does not follow llama-benchy 0.4.0's order"
                 )
-            rows.append({**row, "depth": test["depth"], "pp": test["pp"], "tg": test["tg"]})
+            rows.append({**row, "depth": test["depth"], "pp": test["pp"], "tg": test["tg"],
+                         "cut_short": test["cut_short"],
+                         "decode_steps_s": decode_steps(row, test)})  # fmt: skip
             at += 1
     return rows
+
+
+# what the figures count, said beside every table of them: a harness that counts streamed
+# chunks (or decode steps) as tokens reports steps/s, which under speculation is less than the
+# tokens a client receives
+WHICH_IS_WHICH = (
+    "Client tok/s is llama-benchy's tg figure: generated tokens as the client received them "
+    "(counted from the stream's usage), per second. Decode steps/s is the server's forward "
+    "passes per second: client tok/s divided by the mean accepted length from /metrics "
+    "(1 + accepted / drafts; each step emits one token plus the drafts it accepted). Without "
+    "speculation the two are the same; a harness that counts streamed chunks as tokens "
+    "reports decode steps/s."
+)
+
+
+def decode_steps(row: dict[str, Any], test: dict[str, Any]) -> float | None:
+    """A row's decode steps per second: its client tokens/s / its test's mean accepted length."""
+    tg = row.get("tg_throughput")
+    rate = tg.get("mean") if isinstance(tg, dict) else None
+    return metrics.steps_per_s(rate, test["speculation"])
 
 
 def name_of_test(test: dict[str, Any]) -> str:
@@ -87,13 +113,19 @@ def _f(value: Any, digits: int = 2) -> str:
     return "n/a" if value is None else f"{value:.{digits}f}"
 
 
-def metrics_table(tests: list[dict[str, Any]]) -> str:
+def metrics_table(tests: list[dict[str, Any]], rows: list[dict[str, Any]]) -> str:
     lines = [
-        "| test | mean acceptance length | acceptance per draft position | prefix-cache hits "
-        "(tokens) | hit rate | peak KV cache usage |",
-        "|---|---:|---|---:|---:|---:|",
+        "| test | client tok/s | decode steps/s | mean accepted length | acceptance per draft "
+        "position | prefix-cache hits (tokens) | hit rate | peak KV cache usage |",
+        "|---|---:|---:|---:|---|---:|---:|---:|",
     ]
     for test in tests:
+        # the test's own row (at a depth: the prompt after the context load)
+        mine = [r for r in rows if name_of_test(r) == name_of_test(test)
+                and not r["is_context_prefill_phase"]]  # fmt: skip
+        tg = (mine[0].get("tg_throughput") or {}) if mine else {}
+        client = tg.get("mean") if isinstance(tg, dict) else None
+        steps = mine[0]["decode_steps_s"] if mine else None
         spec, prefix = test["speculation"], test["prefix_cache"]
         per = spec["acceptance_per_position"]
         positions = " ".join(_f(p) for p in per) if per else "n/a"
@@ -101,6 +133,7 @@ def metrics_table(tests: list[dict[str, Any]]) -> str:
         peak = test["kv_cache_usage_peak"]
         lines.append(
             f"| {name_of_test(test)}{' (cut short)' if test['cut_short'] else ''} "
+            f"| {_f(client, 1)} | {_f(steps, 1)} "
             f"| {_f(spec['mean_acceptance_length'], 3)} | {positions} "
             f"| {_f(prefix['hits'], 0)} of {_f(prefix['queries'], 0)} "
             f"| {'n/a' if rate is None else f'{rate:.1%}'} "
@@ -120,7 +153,10 @@ def markdown(document: dict[str, Any], benchy_table: str) -> str:
         benchy_table += "\nNot measured (a blank cell above):\n" + gaps
     return (
         head + benchy_table + "\nWhat the server's /metrics counted over each test (its "
-        "warm-up run included):\n\n" + metrics_table(document["tests"])
+        "warm-up run included). "
+        + WHICH_IS_WHICH
+        + "\n\n"
+        + metrics_table(document["tests"], document["rows"])
     )
 
 

@@ -6,6 +6,13 @@ runs. Test-only, like the rest of this plugin: never in an image.
   one row (row i is scaled by row i-1's scale): a broken head that still answers.
 - ``accept-all-drafts``: the greedy rejection sampler sees every drafted token as the
   target's choice, so every draft is accepted: a speculation that is fast and lossy.
+- ``bf16-head``: sparkserve's int8 lm-head plugin keeps the bf16 head, as its calibration
+  may off CUDA, though SPARK_KEEP_BF16_LMHEAD=0 asks for int8: no int8 head runs.
+- ``no-drafts``: the scheduler drops every draft the drafter hands it, so no draft is
+  proposed to the target, though speculation is configured.
+
+The last two reproduce docs/FINDINGS.md's "verify with a feature switched off behind its
+settings" (no test asserts them yet: verify cannot tell yet that no int8 head ran there).
 """
 
 from __future__ import annotations
@@ -19,7 +26,7 @@ from typing import Any
 from sparkserve_cpu_shims._hooks import after_import, log
 
 ENV = "SPARKSERVE_TEST_FAULT"
-FAULTS = ("head-scale-shift", "accept-all-drafts")
+FAULTS = ("head-scale-shift", "accept-all-drafts", "bf16-head", "no-drafts")
 
 
 def chosen() -> set[str]:
@@ -70,9 +77,39 @@ def _accept_all(module: ModuleType) -> None:
     log.warning("fault accept-all-drafts: every drafted token is accepted")
 
 
+def _keep_bf16(module: ModuleType) -> None:
+    original: Callable[..., Any] = module.convert_model
+
+    @functools.wraps(original)
+    def convert_model(model: Any, *args: Any, **kwargs: Any) -> Any:
+        log.warning("fault bf16-head: the int8 head is not built")
+        return module.HeadReport(path="bf16", reason="fault bf16-head")
+
+    module.convert_model = convert_model
+
+
+def _drop_drafts(module: ModuleType) -> None:
+    scheduler = module.Scheduler
+    original: Callable[..., Any] = scheduler.update_draft_token_ids
+
+    @functools.wraps(original)
+    def update_draft_token_ids(self: Any, draft_token_ids: Any) -> None:
+        for req_id in draft_token_ids.req_ids:  # as if the drafter had proposed nothing
+            request = self.requests.get(req_id)
+            if request is not None and request.spec_token_ids:
+                request.spec_token_ids = []
+
+    scheduler.update_draft_token_ids = update_draft_token_ids
+    log.warning("fault no-drafts: the scheduler drops every draft")
+
+
 def install() -> None:
     faults = chosen()
     if "head-scale-shift" in faults:
         after_import("sparkserve.in_vllm.lmhead.plugin", _shift_scales)
     if "accept-all-drafts" in faults:
         after_import("vllm.v1.sample.rejection_sampler", _accept_all)
+    if "bf16-head" in faults:
+        after_import("sparkserve.in_vllm.lmhead.plugin", _keep_bf16)
+    if "no-drafts" in faults:
+        after_import("vllm.v1.core.sched.scheduler", _drop_drafts)
