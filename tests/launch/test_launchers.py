@@ -177,8 +177,24 @@ def bad_values(knob: Knob) -> list[str]:
     return ["has a space!"]
 
 
-# compose-only knobs (BIND_ADDRESS, MODEL_CACHE) never reach the launcher; compose reads them
+# compose-only knobs (MODEL_CACHE) never reach the launcher; compose reads them
 BAD = [(k, value) for k in KNOBS if k.scope == "container" for value in bad_values(k)]
+
+
+@pytest.mark.parametrize("launcher", sorted(LAUNCHERS))
+def test_a_public_bind_address_without_a_key_is_one_line_exit_2(
+    launcher: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    prog = LAUNCHERS[launcher].name
+    code = main_resolve(launcher, launcher_env(BIND_ADDRESS="0.0.0.0"), prog, pid=1)
+    out, err = capsys.readouterr()
+    assert (code, out) == (2, "")
+    assert err.strip().splitlines() == [
+        f"{prog}: BIND_ADDRESS='0.0.0.0' publishes the API beyond this machine without API_KEY: "
+        "set API_KEY (every client then sends it), or BIND_ADDRESS=127.0.0.1"
+    ]
+    code = main_resolve(launcher, launcher_env(BIND_ADDRESS="0.0.0.0", API_KEY="k"), prog, pid=1)
+    assert code == 0
 
 
 @pytest.mark.parametrize("launcher", sorted(LAUNCHERS))

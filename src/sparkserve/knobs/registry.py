@@ -320,10 +320,24 @@ KNOBS: tuple[Knob, ...] = (
          pattern=r"[A-Za-z0-9/._-]+",
          why="What compose mounts at HF_HOME: the named volume hf-cache, or an absolute host "
              "folder holding a Hugging Face cache already (nothing downloaded twice)."),
-    Knob("BIND_ADDRESS", "text", "127.0.0.1", group="network", scope="compose",
-         pattern=_HOSTNAME,
-         why="Host address compose publishes the API on; 0.0.0.0 opens it to your network "
-             "(set API_KEY first: it then guards every route but /health)."),
+    Knob("BIND_ADDRESS", "text", "127.0.0.1", group="network", pattern=_HOSTNAME,
+         why="Host address compose publishes the API on (the pair's head binds it). An "
+             "address beyond loopback (0.0.0.0 opens it to your network) needs API_KEY: the "
+             "launcher refuses to start without one. Requests must name it, a loopback name "
+             "or one of ALLOWED_HOSTS as their Host."),
+    Knob("ALLOWED_HOSTS", "text", "", group="network", empty_ok=True,
+         pattern=r"\*|[A-Za-z0-9._:-]+(,[A-Za-z0-9._:-]+)*",
+         why="More names clients may reach the API by (the Host header; comma-separated), "
+             "besides localhost, 127.0.0.1, ::1 and BIND_ADDRESS: every other Host gets HTTP "
+             "421 on every route, /health included, so a web page that rebinds its own name "
+             "to this machine (DNS rebinding) cannot use the API. Name the machine's LAN "
+             "name or address here with BIND_ADDRESS=0.0.0.0; * turns the check off."),
+    Knob("ALLOWED_ORIGINS", "text", "", group="network", empty_ok=True,
+         pattern=r"https?://[A-Za-z0-9.-]+(:[0-9]+)?(,https?://[A-Za-z0-9.-]+(:[0-9]+)?)*",
+         why="Web pages (origins, scheme://name[:port], comma-separated) whose scripts may "
+             "call the API from a browser (vLLM's --allowed-origins). Empty: vLLM's "
+             "default, no cross-origin access; the browser blocks every other page's "
+             "request."),
     # Two Sparks (docs/CLUSTER.md): one model split across a head and a worker
     Knob("CLUSTER_NODES", "int", "1", minimum=1, maximum=2, group="cluster",
          why="Machines that serve the model together: 1 is one Spark; 2 splits it over two "

@@ -51,6 +51,9 @@ class KnobValues:
     HF_TOKEN: str
     HF_HOME: str
     HF_OFFLINE: bool
+    BIND_ADDRESS: str
+    ALLOWED_HOSTS: str
+    ALLOWED_ORIGINS: str
     CLUSTER_NODES: int
     CLUSTER_RANK: int
     CLUSTER_HEAD_ADDR: str

@@ -14,6 +14,7 @@ import math
 import shlex
 from dataclasses import dataclass
 
+from sparkserve.in_vllm.access import HOSTS_ENV, allowed_hosts
 from sparkserve.launch.settings import Settings
 from sparkserve.launch.shell import shell_quote
 from sparkserve.launch.versions import parse_release
@@ -113,6 +114,13 @@ def drain_args(settings: Settings) -> list[str]:
     return ["--shutdown-timeout", settings["SHUTDOWN_TIMEOUT_S"], "--middleware", middleware]
 
 
+def origin_args(settings: Settings) -> list[str]:
+    """The pages a browser lets call the API (vLLM's CORS list, empty by default): ALLOWED_ORIGINS
+    as vLLM's --allowed-origins takes it, a JSON list (entrypoints/launchers/cli_args.py)."""
+    origins = [origin for origin in settings["ALLOWED_ORIGINS"].split(",") if origin]
+    return ["--allowed-origins", json.dumps(origins)] if origins else []
+
+
 def join_timeout_s(settings: Settings) -> int:
     return math.ceil(settings.values.CLUSTER_JOIN_TIMEOUT_S)
 
@@ -158,6 +166,9 @@ def vllm_env(settings: Settings, host_ip: str) -> dict[str, str]:
         # read by the access middleware inside vLLM (sparkserve.in_vllm.access)
         "METRICS_OPEN": settings["METRICS_OPEN"],
         "MAX_REQUEST_MB": settings["MAX_REQUEST_MB"],
+        HOSTS_ENV: allowed_hosts(
+            (settings["BIND_ADDRESS"], settings["HOST"]), settings["ALLOWED_HOSTS"]
+        ),
         # the fetch step has put every checkpoint into the cache: vLLM never downloads
         "HF_HUB_OFFLINE": "1",
     }
@@ -225,6 +236,7 @@ def vllm_command(
     if not settings.values.THINKING:
         argv += ["--default-chat-template-kwargs", json.dumps(NO_THINKING)]
     argv += drain_args(settings)
+    argv += origin_args(settings)
     speculative_fields: dict[str, object] = {}
     for workaround in WORKAROUNDS:
         if workaround.applies(
