@@ -15,6 +15,7 @@ from sparkserve.launch.settings import (
     resolve_settings,
     tool_settings,
 )
+from sparkserve.launch.vllm_command import allowed_hosts
 from sparkserve.memory.host import GIB
 from sparkserve.recipes import RecipeError
 
@@ -156,3 +157,14 @@ def test_an_api_published_beyond_loopback_needs_a_key() -> None:
     assert resolve_settings(worker, "dflash")["BIND_ADDRESS"] == "10.0.0.2"
     with pytest.raises(KnobError):
         resolve_settings({**worker, "CLUSTER_RANK": "0"}, "dflash")
+
+
+def test_the_middleware_is_told_the_configured_names_and_no_wildcard() -> None:
+    """SPARKSERVE_ALLOWED_HOSTS (sparkserve.launch.vllm_command): BIND_ADDRESS, HOST and
+    ALLOWED_HOSTS' names, wildcards left out (0.0.0.0 is no name a client asks by); * passes on."""
+    assert allowed_hosts(resolve_settings({}, "dflash")) == "127.0.0.1"
+    given = {"BIND_ADDRESS": "0.0.0.0", "API_KEY": "k", "ALLOWED_HOSTS": "spark.local,10.0.0.2"}
+    assert allowed_hosts(resolve_settings(given, "dflash")) == "spark.local,10.0.0.2"
+    given = {"HOST": "10.0.0.1", "BIND_ADDRESS": "10.0.0.1", "API_KEY": "k"}
+    assert allowed_hosts(resolve_settings(given, "mtp")) == "10.0.0.1"
+    assert allowed_hosts(resolve_settings({"ALLOWED_HOSTS": "*"}, "dflash")) == "*"

@@ -29,7 +29,7 @@ launchers' one --middleware, the outermost of vLLM's) denies by default instead:
 The key comes as vLLM takes it (its --api-key when given, else VLLM_API_KEY from the
 environment), never from the command line of this package; the two knobs come through the
 environment the launcher gives vLLM (sparkserve.launch.vllm_command), and so do the allowed
-hosts (SPARKSERVE_ALLOWED_HOSTS, which the launcher works out with `allowed_hosts`).
+hosts (SPARKSERVE_ALLOWED_HOSTS: sparkserve.launch.vllm_command.allowed_hosts).
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ import ipaddress
 import json
 import os
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 
 from sparkserve.in_vllm.draining import App, Message, Receive, RefuseWhileDraining, Scope, Send
 from sparkserve.knobs.registry import BY_NAME
@@ -52,9 +52,10 @@ OPEN_PATHS = (HEALTH_PATH,)  # the routes every client reaches without the key
 KEY_ENV = "VLLM_API_KEY"  # vLLM's own name for the key (sparkserve.launch.vllm_command)
 METRICS_OPEN_ENV = "METRICS_OPEN"
 MAX_REQUEST_ENV = "MAX_REQUEST_MB"
-HOSTS_ENV = "SPARKSERVE_ALLOWED_HOSTS"  # comma-separated; "*": any (sparkserve.launch.vllm_command)
+# the names allowed besides loopback, comma-separated ("*": any), as the launcher works them out
+# (sparkserve.launch.vllm_command.allowed_hosts)
+HOSTS_ENV = "SPARKSERVE_ALLOWED_HOSTS"
 ANY_HOST = "*"
-WILDCARDS = frozenset({"0.0.0.0", "::", "[::]", ""})  # bind everywhere: not a name to be asked by
 MIB = 1024 * 1024
 UNAUTHORIZED = {"error": "Unauthorized"}  # vLLM's own 401 body (its AuthenticationMiddleware)
 MISDIRECTED = (
@@ -113,15 +114,6 @@ def normal_name(name: str) -> str:
         return str(ipaddress.ip_address(name.strip("[]")))
     except ValueError:
         return name
-
-
-def allowed_hosts(addresses: Iterable[str], allowed: str) -> str:
-    """SPARKSERVE_ALLOWED_HOSTS for the middleware: the addresses the server is configured on
-    (wildcards dropped) and the ALLOWED_HOSTS knob's names, or "*" when the knob says so."""
-    if allowed.strip() == ANY_HOST:
-        return ANY_HOST
-    names = [*addresses, *allowed.split(",")]
-    return ",".join(dict.fromkeys(normal_name(n) for n in names if n.strip() not in WILDCARDS))
 
 
 def _digest(key: str) -> bytes:

@@ -14,13 +14,15 @@ import math
 import shlex
 from dataclasses import dataclass
 
-from sparkserve.in_vllm.access import HOSTS_ENV, allowed_hosts
 from sparkserve.launch.settings import Settings
 from sparkserve.launch.shell import shell_quote
 from sparkserve.launch.versions import parse_release
 from sparkserve.launch.workarounds import WORKAROUNDS
 
 SECRET_ENV = ("VLLM_API_KEY", "HF_TOKEN")
+# The names the access middleware answers to besides loopback (sparkserve.in_vllm.access).
+HOSTS_ENV = "SPARKSERVE_ALLOWED_HOSTS"
+WILDCARDS = frozenset({"0.0.0.0", "::", "[::]", ""})  # bind everywhere: no name to be asked by
 ACCESS_MIDDLEWARE = "sparkserve.in_vllm.access.RequireKey"
 ACCESS_THEN_DRAIN = "sparkserve.in_vllm.access.RequireKeyThenDrain"
 # THINKING=0: the chat template renders no thinking and vLLM's reasoning parsers start in the
@@ -114,6 +116,15 @@ def drain_args(settings: Settings) -> list[str]:
     return ["--shutdown-timeout", settings["SHUTDOWN_TIMEOUT_S"], "--middleware", middleware]
 
 
+def allowed_hosts(settings: Settings) -> str:
+    """SPARKSERVE_ALLOWED_HOSTS: the addresses the server is configured on (BIND_ADDRESS, HOST;
+    wildcards dropped) and ALLOWED_HOSTS' names, or "*" when that knob says so."""
+    if settings["ALLOWED_HOSTS"] == "*":
+        return "*"
+    names = [settings["BIND_ADDRESS"], settings["HOST"], *settings["ALLOWED_HOSTS"].split(",")]
+    return ",".join(dict.fromkeys(name for name in names if name not in WILDCARDS))
+
+
 def origin_args(settings: Settings) -> list[str]:
     """The pages a browser lets call the API (vLLM's CORS list, empty by default): ALLOWED_ORIGINS
     as vLLM's --allowed-origins takes it, a JSON list (entrypoints/launchers/cli_args.py)."""
@@ -166,9 +177,7 @@ def vllm_env(settings: Settings, host_ip: str) -> dict[str, str]:
         # read by the access middleware inside vLLM (sparkserve.in_vllm.access)
         "METRICS_OPEN": settings["METRICS_OPEN"],
         "MAX_REQUEST_MB": settings["MAX_REQUEST_MB"],
-        HOSTS_ENV: allowed_hosts(
-            (settings["BIND_ADDRESS"], settings["HOST"]), settings["ALLOWED_HOSTS"]
-        ),
+        HOSTS_ENV: allowed_hosts(settings),
         # the fetch step has put every checkpoint into the cache: vLLM never downloads
         "HF_HUB_OFFLINE": "1",
     }
