@@ -286,6 +286,7 @@ def test_launcher_runs_vllm_with_the_key_in_its_environment_only(
     child_env = (marker.parent / "vllm-ran.env").read_text().splitlines()
     assert "s3cr3t" not in argv and "s3cr3t" not in stdout + stderr
     assert "VLLM_API_KEY=s3cr3t-key" in child_env
+    assert "HF_TOKEN=" in child_env, "vLLM runs offline: the launcher's token is blanked for it"
     assert not any(line.startswith("API_KEY=") for line in child_env)
     hf = tmp_path / "hf"
     for name, where in (
@@ -307,7 +308,7 @@ def test_dry_run_hides_secrets_and_keeps_the_compile_cache_on_the_volume() -> No
     assert done.returncode == 0, done.stderr
     assert "s3cr3t" not in done.stdout + done.stderr
     assert "env: VLLM_API_KEY=<hidden>" in done.stdout
-    assert "env: HF_TOKEN=<hidden>" in done.stdout
+    assert "env: HF_TOKEN=''" in done.stdout, "vLLM runs offline: the token is blanked for it"
     assert "env: VLLM_CACHE_ROOT='/root/.cache/huggingface/vllm'" in done.stdout
     assert "env: TRITON_CACHE_DIR='/root/.cache/huggingface/triton'" in done.stdout
     assert "env: VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS='0'" in done.stdout

@@ -52,7 +52,7 @@ class VllmCommand:
         """The environment as a dry run prints it, NAME='value' (shell-quoted), secrets
         hidden."""
         return [
-            f"{k}=<hidden>" if k in SECRET_ENV else f"{k}={shell_quote(v)}"
+            f"{k}=<hidden>" if k in SECRET_ENV and v else f"{k}={shell_quote(v)}"
             for k, v in self.env.items()
         ]
 
@@ -185,7 +185,10 @@ def vllm_env(settings: Settings, host_ip: str) -> dict[str, str]:
         # through the environment, so that the key never shows in `ps` or in logs
         env["VLLM_API_KEY"] = settings["API_KEY"]
     if settings["HF_TOKEN"]:
-        env["HF_TOKEN"] = settings["HF_TOKEN"]
+        # vLLM runs offline: the fetch step downloads, with the token. The launcher's own
+        # environment still holds it (the fetch reads it there): blanked for vLLM, which
+        # huggingface_hub reads as no token.
+        env["HF_TOKEN"] = ""
     if settings.pair:
         # The address this node announces to the other (vLLM envs.py, VLLM_HOST_IP; otherwise
         # vLLM guesses from the default route, which is not the ConnectX-7 link).
