@@ -40,7 +40,8 @@ def test_each_host_keeps_its_lowest_memory_and_its_swap(stand_in: WatchStandIn) 
         time.sleep(0.05)
     watch.stop()
     assert watch.hosts["1"].readings >= 5, "the watch stopped reading the worker"
-    assert stand_in.asked[0] == {"kind": "probe"}
+    assert stand_in.asked[0]["kind"] == "probe"
+    assert wire.Nonces().problem(stand_in.asked[0], wire.secret_of()) is None, "signed"
     report = watch.report(reserve_gib=10.0, swap_tolerance_gib=0.0)
     head, worker = report["hosts"]["head"], report["hosts"]["worker"]
     assert head["min_available_gib"] == 25.0 and head["swap_growth_gib"] == 0.0

@@ -371,6 +371,13 @@ KNOBS: tuple[Knob, ...] = (
          group="cluster",
          why="Port of the pair watch: each node's heartbeat to the other, so that a "
              "failure on either machine stops both instead of leaving one hanging."),
+    Knob("CLUSTER_SECRET", "text", "", group="cluster", empty_ok=True, secret=True,
+         pattern=r"\S{16,}",
+         why="The pair's shared secret, the same on both machines (16 characters or more: "
+             "`openssl rand -hex 32`). Every join and probe of the pair watch carries proof of "
+             "it (an HMAC over a fresh nonce); the head refuses and logs one without, and goes "
+             "on. Empty: anyone who reaches the watch port on the link can probe the head "
+             "(its software's identity) or join it."),
     Knob("CLUSTER_PEER_TIMEOUT_S", "float", "5", minimum=2, maximum=60, group="cluster",
          why="Seconds without a heartbeat after which the peer counts as lost and this node "
              "stops; with vLLM's shutdown grace it bounds how long a failed pair lingers."),

@@ -62,6 +62,7 @@ class KnobValues:
     CLUSTER_LAYOUT: str
     CLUSTER_PORT: int
     CLUSTER_WATCH_PORT: int
+    CLUSTER_SECRET: str
     CLUSTER_PEER_TIMEOUT_S: float
     CLUSTER_JOIN_TIMEOUT_S: float
     SHUTDOWN_TIMEOUT_S: int
