@@ -71,12 +71,10 @@ def keyed(
         stop_group_of(pid_file)  # the launcher a tool started last
 
 
-def tool(argv: list[str], work: Path, python_path: str | None = None) -> str:
-    """Run one tool with both secrets in its environment (as a user's .env gives them); its
-    stdout and stderr."""
-    env = {**os.environ, "API_KEY": KEY, "HF_TOKEN": TOKEN}
-    if python_path is not None:
-        env["PYTHONPATH"] = python_path
+def tool(argv: list[str], work: Path) -> str:
+    """Run one tool in `work` (a file it writes where it stands is searched too) with both
+    secrets in its environment, as a user's .env gives them; its stdout and stderr."""
+    env = {**os.environ, "API_KEY": KEY, "HF_TOKEN": TOKEN, "PYTHONPATH": str(REPO / "src")}
     done = subprocess.run(argv, capture_output=True, text=True, timeout=2400, env=env, cwd=work)
     output = done.stdout + done.stderr
     assert done.returncode == 0, output[-4000:]
@@ -108,7 +106,7 @@ def test_no_secret_in_any_command_line_or_output(keyed: tuple[VllmServer, Path])
             cpu_python(), "-m", "sparkserve", "llama-benchy", "--url", url, "--profile", "short",
             "--depths", "0", "--concurrency", "1", "--runs", "1", "--corpus", "offline",
             "--out", str(work / "benchy"),
-        ], work, str(REPO / "src")))  # fmt: skip
+        ], work))  # fmt: skip
         outputs.append(tool([
             sys.executable, "-m", "sparkserve", "verify", "--driver", "launcher",
             "--launcher", "dflash", "--pid-file", pid_file, "--url", url,

@@ -126,10 +126,12 @@ def allowed_hosts(settings: Settings) -> str:
 
 
 def origin_args(settings: Settings) -> list[str]:
-    """The pages a browser lets call the API (vLLM's CORS list, empty by default): ALLOWED_ORIGINS
-    as vLLM's --allowed-origins takes it, a JSON list (entrypoints/launchers/cli_args.py)."""
+    """The pages a browser lets call the API (vLLM's CORS list): ALLOWED_ORIGINS as vLLM's
+    --allowed-origins takes it, a JSON list (entrypoints/launchers/cli_args.py). Given always,
+    empty too: vLLM 0.32 and 0.34 default to none, but 0.27.1 to "*", every page
+    (entrypoints/openai/cli_args.py:277), so the knob decides whatever the release."""
     origins = [origin for origin in settings["ALLOWED_ORIGINS"].split(",") if origin]
-    return ["--allowed-origins", json.dumps(origins)] if origins else []
+    return ["--allowed-origins", json.dumps(origins)]
 
 
 def join_timeout_s(settings: Settings) -> int:
