@@ -13,15 +13,14 @@ from __future__ import annotations
 import contextlib
 import json
 import shutil
-import subprocess
 import tempfile
-import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
+from support.prometheus import process
 from support.vllm_server import LOOPBACK, free_port
 
 CHROMIUM = "chromium"
@@ -86,47 +85,26 @@ def browser(names: Sequence[str]) -> Iterator[Browser]:
     """A headless Chromium session in a new profile, `names` resolved to 127.0.0.1."""
     port = free_port()
     rules = ", ".join(f"MAP {name} {LOOPBACK}" for name in names)
-    with tempfile.TemporaryDirectory(prefix="sparkserve-chromium-") as profile:
-        log = Path(profile) / "chromedriver.log"
-        driver = subprocess.Popen(
-            [CHROMEDRIVER, f"--port={port}", f"--log-path={log}"],
-            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-            start_new_session=True,
-        )  # fmt: skip
-        driver_url = f"http://{LOOPBACK}:{port}"
+    driver_url = f"http://{LOOPBACK}:{port}"
+    with (
+        tempfile.TemporaryDirectory(prefix="sparkserve-chromium-") as profile,
+        process(
+            [CHROMEDRIVER, f"--port={port}"],
+            Path(profile) / "chromedriver.log",
+            f"{driver_url}/status",
+            timeout_s=60,
+        ),
+    ):
+        session = _new_session(driver_url, profile, rules)
         try:
-            session = _new_session(driver_url, profile, rules, driver)
-            try:
-                yield Browser(driver_url, session)
-            finally:
-                with contextlib.suppress(OSError):
-                    request = urllib.request.Request(
-                        f"{driver_url}/session/{session}", method="DELETE"
-                    )
-                    urllib.request.urlopen(request, timeout=30).close()
+            yield Browser(driver_url, session)
         finally:
-            driver.terminate()
-            try:
-                driver.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                driver.kill()
-                driver.wait()
+            with contextlib.suppress(OSError):
+                ended = urllib.request.Request(f"{driver_url}/session/{session}", method="DELETE")
+                urllib.request.urlopen(ended, timeout=30).close()
 
 
-def _new_session(driver_url: str, profile: str, rules: str, driver: subprocess.Popen[bytes]) -> str:
-    deadline = time.monotonic() + 60
-    while True:  # chromedriver listens a moment after it starts
-        if driver.poll() is not None:
-            raise BrowserError(f"chromedriver exited with {driver.returncode}")
-        try:
-            with urllib.request.urlopen(f"{driver_url}/status", timeout=2) as reply:
-                if json.loads(reply.read())["value"]["ready"]:
-                    break
-        except (OSError, ValueError, KeyError):
-            pass
-        if time.monotonic() > deadline:
-            raise BrowserError("chromedriver did not answer within 60 s")
-        time.sleep(0.2)
+def _new_session(driver_url: str, profile: str, rules: str) -> str:
     args = [*FLAGS, f"--user-data-dir={profile}/profile", f"--host-resolver-rules={rules}"]
     options = {"binary": shutil.which(CHROMIUM), "args": args}
     body = {"capabilities": {"alwaysMatch": {"goog:chromeOptions": options}}}

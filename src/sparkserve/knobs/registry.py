@@ -169,6 +169,15 @@ _NAME = r"[A-Za-z0-9/.][A-Za-z0-9._:/-]*"  # a model id, a local path or a serve
 CPU_MODEL = "Qwen/Qwen3-0.6B"
 _HOSTNAME = r"[A-Za-z0-9.:_-]+"
 
+
+def _comma_list(item: str) -> str:
+    """A pattern for one or more `item`s, comma-separated."""
+    return f"{item}(,{item})*"
+
+
+_HOST_NAMES = _comma_list(r"[A-Za-z0-9._:-]+")
+_ORIGINS = _comma_list(r"https?://[A-Za-z0-9.-]+(:[0-9]+)?")  # scheme://name[:port]
+
 KNOBS: tuple[Knob, ...] = (
     # The model
     Knob("RECIPE", "text", "qwen3.5-122b-a10b", group="model", pattern=r"[a-z0-9][a-z0-9.-]*",
@@ -326,14 +335,13 @@ KNOBS: tuple[Knob, ...] = (
              "launcher refuses to start without one. Requests must name it, a loopback name "
              "or one of ALLOWED_HOSTS as their Host."),
     Knob("ALLOWED_HOSTS", "text", "", group="network", empty_ok=True,
-         pattern=r"\*|[A-Za-z0-9._:-]+(,[A-Za-z0-9._:-]+)*",
+         pattern=rf"\*|{_HOST_NAMES}",
          why="More names clients may reach the API by (the Host header; comma-separated), "
              "besides localhost, 127.0.0.1, ::1 and BIND_ADDRESS: every other Host gets HTTP "
              "421 on every route, /health included, so a web page that rebinds its own name "
              "to this machine (DNS rebinding) cannot use the API. Name the machine's LAN "
              "name or address here with BIND_ADDRESS=0.0.0.0; * turns the check off."),
-    Knob("ALLOWED_ORIGINS", "text", "", group="network", empty_ok=True,
-         pattern=r"https?://[A-Za-z0-9.-]+(:[0-9]+)?(,https?://[A-Za-z0-9.-]+(:[0-9]+)?)*",
+    Knob("ALLOWED_ORIGINS", "text", "", group="network", empty_ok=True, pattern=_ORIGINS,
          why="Web pages (origins, scheme://name[:port], comma-separated) whose scripts may "
              "call the API from a browser (vLLM's --allowed-origins). Empty: vLLM's "
              "default, no cross-origin access; the browser blocks every other page's "
