@@ -146,11 +146,12 @@ serve() {
   (( ${#VLLM_ARGS[@]} > 0 )) || exit 0
   printf '%s\n' "${BANNER}" >&2
   # 2. The guard and (on a pair) the pair watch beside it, then vLLM as this shell's child.
-  # The key reaches vLLM only as VLLM_API_KEY (VLLM_ENV), never on its command line.
+  # No secret knob reaches vLLM's environment; the key reaches vLLM only as VLLM_API_KEY
+  # (VLLM_ENV), never on its command line.
   pass_stops_to_vllm
   start_guard
   start_pair_watch
-  unset API_KEY
+  unset "${SECRET_KNOBS[@]}"
   export "${VLLM_ENV[@]}"
   run_vllm
 }

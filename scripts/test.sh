@@ -74,6 +74,8 @@ unset PYTHONDONTWRITEBYTECODE
 ensure_metrics_packages
 # iproute2's `ip` for the two-node tests in network namespaces (apt, when missing).
 ensure_netns_packages
+# Chromium and chromedriver for the browser tests (apt, when missing).
+ensure_browser_packages
 export PATH="${core}/bin:${PATH}"
 
 # The container end-to-end test (tests/e2e/test_container.py): the Dockerfile's cpu target

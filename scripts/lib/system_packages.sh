@@ -42,3 +42,9 @@ ensure_metrics_packages() {
 ensure_netns_packages() {
   ensure_debian_packages "ip" iproute2
 }
+
+# The browser tests (tests/e2e/test_browser_access.py) drive Debian's headless Chromium through
+# its chromedriver.
+ensure_browser_packages() {
+  ensure_debian_packages "chromium chromedriver" chromium chromium-driver
+}

@@ -26,6 +26,7 @@ import pytest
 from sparkserve.cluster import health, wire
 from sparkserve.cluster.watch import EXIT_STOPPED
 from sparkserve.command_line import EXIT_BAD_INPUT
+from support import netns
 from support.promises import pair_stop_bound_s
 from support.vllm_server import LOOPBACK, free_port
 from support.watches import wait_joined as joined
@@ -291,21 +292,34 @@ def test_a_stopped_head_watch_says_bye_and_the_worker_stops(
     assert f"vLLM (pid {head.served.pid}) " in log  # the stop finished and said how
 
 
-def test_different_software_is_refused_on_both_nodes(tmp_path: Path, nodes: list[Node]) -> None:
+def test_different_software_is_refused_and_the_head_waits_for_a_worker_that_matches(
+    tmp_path: Path, nodes: list[Node]
+) -> None:
+    """The worker stops with the refusal; the head logs it and goes on waiting, so a join it
+    refuses (another node's, or a forged one) never ends its wait: the right worker still
+    joins."""
     port = free_port()
     head = start_node(tmp_path, 0, port)
     other = dict(os.environ, SPARKSERVE_IMAGE="cpu")
     worker = start_node(tmp_path, 1, port, env=other)
     nodes += [head, worker]
-    head_code, head_log = finish(head)
     worker_code, worker_log = finish(worker)
-    assert (head_code, worker_code) == (EXIT_BAD_INPUT, EXIT_BAD_INPUT)
-    assert "image: here host, peer cpu" in head_log
-    assert f"node 1 ({LOOPBACK}) refused: its software differs" in head_log
+    assert worker_code == EXIT_BAD_INPUT
     assert "refused this node: its software differs (here = head): image: here host, peer cpu" in (
         worker_log
     )
-    assert json.loads(head.state_file.read_text())["state"] == "stopped"
+    refused = f"node 1 ({LOOPBACK}) refused: its software differs (here = head): image: here "
+    deadline = time.monotonic() + HANG_S
+    while head.seen_at(refused) is None and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert head.seen_at(refused) is not None, head.timeline(head.started_at)
+    assert head.watch.poll() is None, "the head stopped on a refused join"
+    assert json.loads(head.state_file.read_text())["state"] == "waiting"
+    (tmp_path / "matching").mkdir()
+    matching = start_node(tmp_path / "matching", 1, port)  # a state file of its own
+    nodes.append(matching)
+    wait_joined(head)
+    wait_joined(matching)
 
 
 def test_a_worker_waits_for_a_head_that_is_not_listening_until_the_join_timeout(
@@ -322,3 +336,100 @@ def test_a_worker_waits_for_a_head_that_is_not_listening_until_the_join_timeout(
     assert "connection refused: its watch is not listening yet" in log
     assert "no pair after 3 s (CLUSTER_JOIN_TIMEOUT_S)" in log
     assert worker.served.poll() is None  # nothing joined, nothing stopped: the launcher exits
+
+
+SECRET = "pair-secret-0123456789abcdef"
+# Run in the worker's namespace: what a stranger on the link sends the head's watch port, each
+# answer printed as a JSON line. argv: head address, port, the secret it guesses, a message
+# recorded off the link (signed with the real secret) to send twice.
+STRANGER = """
+import json, socket, sys
+from sparkserve.cluster import wire
+host, port, guess, recorded = sys.argv[1], int(sys.argv[2]), sys.argv[3].encode(), sys.argv[4]
+
+def raw(message):
+    with socket.create_connection((host, port), timeout=30) as sock:
+        wire.send(sock, message)
+        return wire.LineReader(sock).receive(30)
+
+forged = {"rank": 1, "identity": {"image": "forged"}}
+for answer in (
+    raw({"kind": "probe"}),
+    wire.request(host, port, {"kind": "probe"}, 30, secret=guess),
+    raw({"kind": "join", **forged}),
+    wire.request(host, port, {"kind": "join", **forged}, 30, secret=guess),
+    raw(json.loads(recorded)),
+    raw(json.loads(recorded)),
+):
+    print(json.dumps(answer), flush=True)
+"""
+
+
+def test_a_join_or_probe_without_the_secret_is_refused_and_logged_and_the_head_goes_on(
+    tmp_path: Path, nodes: list[Node]
+) -> None:
+    """Across two network namespaces (the link): a stranger in the worker's namespace probes
+    and joins the head's watch with no proof, with a guessed secret, and replays a message
+    recorded off the link. Each is refused and logged; the head goes on waiting, and the
+    worker that holds CLUSTER_SECRET then joins it and its probe is answered."""
+    with netns.node_pair_or_skip() as net:
+        port = free_port()
+        env = {**os.environ, "CLUSTER_SECRET": SECRET}
+        head = start_in(net, 0, tmp_path, port, env)
+        nodes.append(head)
+        deadline = time.monotonic() + HANG_S
+        while head.seen_at("waiting for the worker") is None and time.monotonic() < deadline:
+            time.sleep(0.1)
+        recorded = json.dumps(wire.sign({"kind": "probe"}, SECRET.encode()))
+        argv = [sys.executable, "-c", STRANGER, net.head_ip, str(port), "not-" + SECRET, recorded]
+        done = subprocess.run(
+            net.argv(1, argv), capture_output=True, text=True, timeout=HANG_S,
+            env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
+        )  # fmt: skip
+        assert done.returncode == 0, done.stderr
+        answers = [json.loads(line) for line in done.stdout.splitlines()]
+        kinds = [answer["kind"] for answer in answers]
+        assert kinds == ["refused"] * 4 + ["about", "refused"], answers
+        assert [a["reason"] for a in answers[:4]] == [wire.NO_PROOF] * 4
+        assert "used before" in answers[5]["reason"]
+        assert head.watch.poll() is None, "the head stopped on a stranger's message"
+        assert json.loads(head.state_file.read_text())["state"] == "waiting"
+        log = head.timeline(head.started_at)
+        for kind in ("probe", "join"):
+            said = f"refused a {kind} from {net.worker_ip}: {wire.NO_PROOF}"
+            assert log.count(said) == 2, log
+        assert f"refused a probe from {net.worker_ip}: its proof was used before" in log
+
+        worker = start_in(net, 1, tmp_path, port, env)
+        nodes.append(worker)
+        wait_joined(head)
+        wait_joined(worker)
+        probe = [sys.executable, "-c", PROBE, net.head_ip, str(port)]
+        asked = subprocess.run(
+            net.argv(1, probe), capture_output=True, text=True, timeout=HANG_S, env=env
+        )
+        assert json.loads(asked.stdout)["kind"] == "about", asked.stdout + asked.stderr
+        head.watch.send_signal(signal.SIGTERM)
+        assert finish(worker)[0] == EXIT_STOPPED
+
+
+# A probe as `sparkserve doctor` and stress_mem.sh send it: signed with CLUSTER_SECRET from
+# the environment.
+PROBE = """
+import json, sys
+from sparkserve.cluster import wire
+print(json.dumps(wire.request(sys.argv[1], int(sys.argv[2]), {"kind": "probe"}, 30)))
+"""
+
+
+def start_in(net: netns.NodePair, rank: int, tmp: Path, port: int, env: dict[str, str]) -> Node:
+    """A node whose watch runs in its side's namespace, on the link's addresses."""
+    tree = subprocess.Popen(["sh", "-c", POLITE], start_new_session=True)
+    state_file = tmp / f"state-{rank}.json"
+    argv = watch_argv(
+        tree.pid, rank, net.head_ip, net.addresses[rank], port, state_file,
+        peer_timeout_s=DEFAULT_PEER_TIMEOUT_S, join_timeout_s=HANG_S, grace_s=GRACE_S,
+    )  # fmt: skip
+    env = {**env, "PYTHONPATH": os.pathsep.join(sys.path)}
+    watch = subprocess.Popen(net.argv(rank, argv), stderr=subprocess.PIPE, text=True, env=env)
+    return Node(tree, watch, state_file)

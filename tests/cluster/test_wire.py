@@ -7,7 +7,18 @@ import threading
 
 import pytest
 
-from sparkserve.cluster.wire import LineReader, WireError, decode, encode, request, send
+from sparkserve.cluster.wire import (
+    FRESH_S,
+    NO_PROOF,
+    LineReader,
+    Nonces,
+    WireError,
+    decode,
+    encode,
+    request,
+    send,
+    sign,
+)
 
 
 def test_messages_cross_a_socket_whole_and_in_order() -> None:
@@ -67,3 +78,17 @@ def test_request_gets_the_one_reply() -> None:
     finally:
         thread.join()
         server.close()
+
+
+def test_a_proof_holds_only_under_the_secret_fresh_and_once() -> None:
+    secret = b"pair-secret-0123456789"
+    signed = sign({"kind": "join", "rank": 1, "identity": {"image": "cpu"}}, secret)
+    assert Nonces().problem(signed, b"another-secret-012345") == NO_PROOF
+    assert Nonces().problem({**signed, "rank": 0}, secret) == NO_PROOF  # altered on the way
+    assert Nonces().problem({k: v for k, v in signed.items() if k != "proof"}, secret) == NO_PROOF
+    late = Nonces().problem(signed, secret, now=signed["at"] + FRESH_S + 1)
+    assert late is not None and "a replay, or clocks apart" in late
+    nonces = Nonces()
+    assert nonces.problem(signed, secret) is None
+    assert nonces.problem(signed, secret) == "its proof was used before (a replay)"
+    assert nonces.problem(sign({"kind": "join"}, secret), secret) is None  # a new nonce

@@ -2,6 +2,7 @@
 come from the app itself, its OpenAPI document (fetched with the key) and its router (vLLM's
 own build_app over the server's command line, support/vllm_routes.py), so a route a new vLLM
 adds is walked too. Without the key each answers 401 but the open ones (sparkserve.in_vllm.access);
+with a Host that is not this server's (a rebound name) each answers 421, key or not;
 a body declared at 10 MB gets 413 on every route, key or not, before it is sent; a chunked one
 gets 413 once it passes MAX_REQUEST_MB."""
 
@@ -55,13 +56,21 @@ def keyed_server(
 
 
 def ask(
-    server: VllmServer, method: str, path: str, key: str | None = None, length: int | None = None
+    server: VllmServer,
+    method: str,
+    path: str,
+    key: str | None = None,
+    length: int | None = None,
+    host: str | None = None,
 ) -> int:
     """The status of one request; `length` is the Content-Length declared (the body itself is
-    never sent: a refusal must come before it is read)."""
+    never sent: a refusal must come before it is read); `host` the Host header, if not the
+    address reached."""
     conn = http.client.HTTPConnection(LOOPBACK, server.port, timeout=60)
     try:
-        conn.putrequest(method, path, skip_accept_encoding=True)
+        conn.putrequest(method, path, skip_host=host is not None, skip_accept_encoding=True)
+        if host is not None:
+            conn.putheader("Host", host)
         if key is not None:
             conn.putheader("Authorization", f"Bearer {key}")
         if length is not None or method in ("POST", "PUT", "PATCH"):
@@ -74,13 +83,13 @@ def ask(
         conn.close()
 
 
-def websocket_status(server: VllmServer, path: str) -> int:
-    """The HTTP status a WebSocket handshake without the key gets."""
+def websocket_status(server: VllmServer, path: str, extra: dict[str, str] | None = None) -> int:
+    """The HTTP status a WebSocket handshake without the key (or with `extra` headers) gets."""
     conn = http.client.HTTPConnection(LOOPBACK, server.port, timeout=60)
     try:
         conn.request("GET", path, headers={
             "Upgrade": "websocket", "Connection": "Upgrade", "Sec-WebSocket-Version": "13",
-            "Sec-WebSocket-Key": "dGhlIHNhbXBsZSBub25jZQ==",
+            "Sec-WebSocket-Key": "dGhlIHNhbXBsZSBub25jZQ==", **(extra or {}),
         })  # fmt: skip
         return conn.getresponse().status
     finally:
@@ -174,6 +183,27 @@ def test_every_route_but_the_open_ones_needs_the_key(
     assert ask(keyed_server, "GET", "/health") == 200
     for path in (METRICS_PATH, "/v1/models", "/version"):
         keyed_server_get(keyed_server, path)
+
+
+def test_a_host_of_another_name_gets_421_on_every_route_key_or_not(
+    keyed_server: VllmServer, every_route: dict[str, set[Route]]
+) -> None:
+    """DNS rebinding: a browser sends the rebound page's own name as Host. Every route, the open
+    ones included, answers 421 before anything else; the same route by loopback answers."""
+    rebound = f"rebound.test:{keyed_server.port}"
+    wrong = [
+        f"{method} {path} ({'key' if key else 'no key'}): {status}"
+        for method, path in sorted(every_route["http"])
+        for key in (None, KEY)
+        if (status := ask(keyed_server, method, path, key=key, host=rebound)) != 421
+    ]
+    for _, path in sorted(every_route["websocket"]):
+        headers = {"Host": rebound, "Authorization": f"Bearer {KEY}"}
+        if (status := websocket_status(keyed_server, path, headers)) != 403:
+            wrong.append(f"WebSocket {path}: {status} with the key from another name")
+    assert not wrong, "\n".join(wrong)
+    assert ask(keyed_server, "GET", "/health", host=f"localhost:{keyed_server.port}") == 200
+    keyed_server_get(keyed_server, "/v1/models")
 
 
 def test_a_cors_preflight_needs_no_key_and_another_options_does(keyed_server: VllmServer) -> None:

@@ -76,6 +76,18 @@ def test_a_missing_local_folder_is_one_line(tmp_path: Path) -> None:
     )
 
 
+def test_a_public_bind_address_without_a_key_downloads_nothing(tmp_path: Path) -> None:
+    """compose's fetch service starts first: it refuses what the launcher would, before any
+    download (exit 2, one line, no cache made)."""
+    done = fetch(tmp_path, BIND_ADDRESS="0.0.0.0")
+    assert done.returncode == 2
+    assert done.stderr.strip() == (
+        "sparkserve fetch: BIND_ADDRESS='0.0.0.0' publishes the API beyond this machine without "
+        "API_KEY: set API_KEY (every client then sends it), or BIND_ADDRESS=127.0.0.1"
+    )
+    assert not (tmp_path / "hf").exists()
+
+
 def test_offline_finds_the_cache_and_never_calls_the_hub(tmp_path: Path) -> None:
     place(tmp_path / "hf" / "hub", "org/target", {"config.json": "{}"})
     place(tmp_path / "hf" / "hub", "org/drafter", {"config.json": "{}"})

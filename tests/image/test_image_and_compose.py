@@ -192,6 +192,7 @@ def test_compose_env_file_and_passthrough(project: Path) -> None:
     assert env["TOOL_PARSER"] == "", "an empty TOOL_PARSER must stay empty (disabled)"
     assert env["HF_TOKEN"] == "hf_from_the_shell"
     assert env["PORT"] == "9000"
+    assert env["BIND_ADDRESS"] == "0.0.0.0", "the launcher sees what compose publishes"
     (port,) = service["ports"]
     assert port["host_ip"] == "0.0.0.0" and port["published"] == "9000" and port["target"] == 9000
 

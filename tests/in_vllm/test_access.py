@@ -24,6 +24,7 @@ from sparkserve.in_vllm.access import (
     OPEN_PATHS,
     RequireKey,
     RequireKeyThenDrain,
+    host_name,
     open_paths,
 )
 from sparkserve.in_vllm.draining import RefuseWhileDraining
@@ -80,7 +81,7 @@ def call(
     asgi: Any,
     path: str,
     method: str = "GET",
-    headers: Sequence[tuple[str, str]] = (),
+    headers: Sequence[tuple[str, Any]] = (),
     chunks: Sequence[bytes] = (),
     root_path: str = "",
 ) -> Reply:
@@ -106,10 +107,19 @@ def call(
         "scheme": "http", "path": root_path + path, "raw_path": (root_path + path).encode(),
         "root_path": root_path, "query_string": b"", "server": ("127.0.0.1", 8000),
         "client": ("127.0.0.1", 50000),
-        "headers": [(k.lower().encode(), v.encode()) for k, v in headers],
+        "headers": [(k.lower().encode(), v.encode()) for k, v in with_host(headers)],
     }  # fmt: skip
     asyncio.run(asyncio.wait_for(asgi(scope, receive, send), timeout=60))  # a hang guard
     return Reply(sent, read)
+
+
+def with_host(headers: Sequence[tuple[str, Any]]) -> list[tuple[str, str]]:
+    """The headers, with the Host a client of 127.0.0.1:8000 sends unless one is given
+    (`("Host", None)`: none at all)."""
+    given = [(k, v) for k, v in headers if k.lower() == "host"]
+    rest = [(k, v) for k, v in headers if k.lower() != "host"]
+    host = given[0][1] if given else "127.0.0.1:8000"
+    return [*([("Host", host)] if host is not None else []), *rest]
 
 
 def auth(key: str = KEY, scheme: str = "Bearer") -> tuple[str, str]:
@@ -241,12 +251,19 @@ def test_a_websocket_without_the_key_is_closed_before_it_is_accepted() -> None:
         return {"type": "websocket.connect"}
 
     guarded = RequireKey(socket_app, keys=[KEY])
-    scope = {"type": "websocket", "path": "/v1/realtime", "headers": []}
+    host = (b"host", b"localhost:8000")
+    scope = {"type": "websocket", "path": "/v1/realtime", "headers": [host]}
     asyncio.run(guarded(scope, receive, send))
     assert sent == [{"type": "websocket.close", "code": 1008}] and not reached
     scope["headers"] = [(b"authorization", f"Bearer {KEY}".encode())]
+    asyncio.run(guarded(scope, receive, send))  # the key, but no Host
+    assert not reached
+    scope["headers"] = [host, (b"authorization", f"Bearer {KEY}".encode())]
     asyncio.run(guarded(scope, receive, send))
     assert reached == ["/v1/realtime"]
+    scope["headers"] = [(b"host", b"rebound.test:8000"), *scope["headers"][1:]]
+    asyncio.run(guarded(scope, receive, send))
+    assert reached == ["/v1/realtime"], "another name is closed before it is accepted"
 
 
 def test_the_launchers_one_middleware_checks_the_key_before_the_drain(
@@ -265,3 +282,52 @@ def test_the_launchers_one_middleware_checks_the_key_before_the_drain(
         assert guarded.app.hooked
     finally:
         signal.signal(signal.SIGTERM, before)
+
+
+ROUTES = [("/health", "GET"), ("/v1/models", "GET"), ("/v1/completions", "POST"),
+          ("/no/such/route", "GET")]  # fmt: skip
+
+
+def test_a_host_that_is_not_loopback_or_allowed_gets_421_on_every_route() -> None:
+    """DNS rebinding: the browser sends the page's own name as Host. Refused before the key,
+    the body limit or the route: /health too, with a key or not."""
+    for keys in ([], [KEY]):
+        guarded = app(keys=keys, hosts=["spark.lan", "192.168.1.20"], max_request_mb=1)
+        for host in ["rebound.test:8000", "rebound.test", "attacker.example", "127.0.0.1.nip.io",
+                     "localhost.attacker.example", "spark.lan.evil", "192.168.1.21:8000",
+                     "[::2]:8000", "::1", "a b", "", None]:  # fmt: skip
+            for path, method in ROUTES:
+                headers = [("Host", host), auth(), ("Content-Length", str(2 * MIB))]
+                reply = call(guarded, path, method, headers, chunks=[b"{}"])
+                assert reply.status == 421, (keys, host, path)
+                assert reply.chunks_read == 0
+                error = reply.json()["error"]
+                assert error["code"] == 421 and "ALLOWED_HOSTS" in error["message"]
+        for host in ["127.0.0.1:8000", "127.0.0.2", "localhost:8000", "LOCALHOST.", "[::1]:8000",
+                     "spark.lan:8000", "Spark.LAN.", "192.168.1.20"]:  # fmt: skip
+            assert call(guarded, "/health", headers=[("Host", host)]).status == 200, host
+            reply = call(guarded, "/version", headers=[("Host", host), auth()])
+            assert reply.status == 200, host
+
+
+def test_any_host_with_a_star_and_loopback_only_without_the_environment(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    anywhere = app(keys=[], hosts=["*"])
+    assert call(anywhere, "/version", headers=[("Host", "x.example")]).status == 200
+    monkeypatch.delenv("SPARKSERVE_ALLOWED_HOSTS", raising=False)
+    built = app(keys=[])
+    assert call(built, "/version", headers=[("Host", "x.example")]).status == 421
+    assert call(built, "/version", headers=[("Host", "localhost")]).status == 200
+    monkeypatch.setenv("SPARKSERVE_ALLOWED_HOSTS", "x.example,[::5]")
+    built = app(keys=[])
+    assert call(built, "/version", headers=[("Host", "x.example:1")]).status == 200
+    assert call(built, "/version", headers=[("Host", "[::5]:1")]).status == 200
+    assert call(built, "/version", headers=[("Host", "y.example")]).status == 421
+
+
+def test_a_host_header_is_read_as_a_name_without_its_port() -> None:
+    assert host_name(b"Rebound.Test.:8000") == "rebound.test"
+    assert host_name(b"[::1]:80") == "::1"
+    for malformed in [b"x:y", b"::1", b"[::1", b"[::1]x", b"a b", b""]:
+        assert host_name(malformed) is None, malformed

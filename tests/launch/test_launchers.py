@@ -178,8 +178,25 @@ def bad_values(knob: Knob) -> list[str]:
     return ["has a space!"]
 
 
-# compose-only knobs (BIND_ADDRESS, MODEL_CACHE) never reach the launcher; compose reads them
+# compose-only knobs (MODEL_CACHE) never reach the launcher; compose reads them
 BAD = [(k, value) for k in KNOBS if k.scope == "container" for value in bad_values(k)]
+
+
+@pytest.mark.parametrize("launcher", sorted(LAUNCHERS))
+def test_a_public_bind_address_without_a_key_is_one_line_exit_2(
+    launcher: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    prog = LAUNCHERS[launcher].name
+    records = tmp_path / "records"
+    code = run_start(launcher_env(BIND_ADDRESS="0.0.0.0"), launcher, prog, 1, records)  # type: ignore[arg-type]
+    out, err = capsys.readouterr()
+    assert (code, out, err) == (2, "", "")
+    assert records.read_text().splitlines() == [
+        f"{prog}: BIND_ADDRESS='0.0.0.0' publishes the API beyond this machine without API_KEY: "
+        "set API_KEY (every client then sends it), or BIND_ADDRESS=127.0.0.1"
+    ]
+    keyed = launcher_env(BIND_ADDRESS="0.0.0.0", API_KEY="k", DRY_RUN="1")
+    assert run_start(keyed, launcher, prog, 1, records) == 0  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize("launcher", sorted(LAUNCHERS))
@@ -251,7 +268,8 @@ def test_launcher_runs_vllm_with_the_key_in_its_environment_only(
     sentinel_bin: tuple[Path, Path], tmp_path: Path
 ) -> None:
     bin_dir, marker = sentinel_bin
-    env = launcher_env(API_KEY="s3cr3t-key", HF_TOKEN="hf_s3cr3t", HF_HOME=str(tmp_path / "hf"))
+    env = launcher_env(API_KEY="s3cr3t-key", HF_TOKEN="hf_s3cr3t",
+                       CLUSTER_SECRET="s3cr3t-pair-0123456789", HF_HOME=str(tmp_path / "hf"))  # fmt: skip
     env["PATH"] = f"{bin_dir}:{env['PATH']}"
     for knob in ("MODEL", "DRAFT_MODEL"):  # on disk already: the fetch step finds them
         (tmp_path / knob).mkdir()
@@ -273,7 +291,10 @@ def test_launcher_runs_vllm_with_the_key_in_its_environment_only(
     child_env = (marker.parent / "vllm-ran.env").read_text().splitlines()
     assert "s3cr3t" not in argv and "s3cr3t" not in stdout + stderr
     assert "VLLM_API_KEY=s3cr3t-key" in child_env
+    assert "HF_TOKEN=" in child_env, "vLLM runs offline: the launcher's token is blanked for it"
     assert not any(line.startswith("API_KEY=") for line in child_env)
+    # no secret knob reaches vLLM's environment (the pair watch's secret, the Hub's token)
+    assert not [line for line in child_env if "s3cr3t" in line and "VLLM_API_KEY" not in line]
     hf = tmp_path / "hf"
     for name, where in (
         ("VLLM_CACHE_ROOT", "vllm"),
@@ -294,7 +315,7 @@ def test_dry_run_hides_secrets_and_keeps_the_compile_cache_on_the_volume() -> No
     assert done.returncode == 0, done.stderr
     assert "s3cr3t" not in done.stdout + done.stderr
     assert "env: VLLM_API_KEY=<hidden>" in done.stdout
-    assert "env: HF_TOKEN=<hidden>" in done.stdout
+    assert "env: HF_TOKEN=''" in done.stdout, "vLLM runs offline: the token is blanked for it"
     assert "env: VLLM_CACHE_ROOT='/root/.cache/huggingface/vllm'" in done.stdout
     assert "env: TRITON_CACHE_DIR='/root/.cache/huggingface/triton'" in done.stdout
     assert "env: VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS='0'" in done.stdout

@@ -15,6 +15,7 @@ from sparkserve.launch.settings import (
     resolve_settings,
     tool_settings,
 )
+from sparkserve.launch.vllm_command import allowed_hosts
 from sparkserve.memory.host import GIB
 from sparkserve.recipes import RecipeError
 
@@ -82,7 +83,7 @@ def test_each_launcher_gets_its_knobs_and_only_those() -> None:
         settings = resolve_settings({}, launcher)
         assert list(settings.text) == [knob.name for knob in knobs_for(launcher)]
     # a compose-only knob is compose's to read: a bad one never stops the launcher
-    assert "BIND_ADDRESS" not in resolve_settings({"BIND_ADDRESS": "not an address!"}).text
+    assert "MODEL_CACHE" not in resolve_settings({"MODEL_CACHE": "not a cache!"}).text
 
 
 def test_every_knob_a_launcher_reads_has_one_typed_value() -> None:
@@ -137,3 +138,33 @@ def test_host_tools_take_the_recipes_first_launcher() -> None:
     assert tool_settings({"RECIPE": "qwen3.6-35b-a3b"}).launcher == "mtp"
     assert tool_settings({}).launcher == "dflash"
     assert tool_settings({}, given={"CLUSTER_NODES": "2"}).pair
+
+
+def test_an_api_published_beyond_loopback_needs_a_key() -> None:
+    """BIND_ADDRESS is what compose publishes (and a pair's head binds): beyond loopback it needs
+    API_KEY, refused in one line naming the value; a headless worker serves no API."""
+    for address in ("0.0.0.0", "192.168.1.20", "::", "spark.local"):
+        with pytest.raises(KnobError) as refused:
+            resolve_settings({"BIND_ADDRESS": address}, "dflash")
+        message = str(refused.value)
+        assert f"BIND_ADDRESS={address!r}" in message and "API_KEY" in message
+        assert "\n" not in message
+        keyed = resolve_settings({"BIND_ADDRESS": address, "API_KEY": "k"}, "dflash")
+        assert keyed["BIND_ADDRESS"] == address
+    for address in ("127.0.0.1", "127.0.0.2", "::1", "localhost"):
+        assert resolve_settings({"BIND_ADDRESS": address}, "mtp")["API_KEY"] == ""
+    worker = {"BIND_ADDRESS": "10.0.0.2", "CLUSTER_NODES": "2", "CLUSTER_RANK": "1"}
+    assert resolve_settings(worker, "dflash")["BIND_ADDRESS"] == "10.0.0.2"
+    with pytest.raises(KnobError):
+        resolve_settings({**worker, "CLUSTER_RANK": "0"}, "dflash")
+
+
+def test_the_middleware_is_told_the_configured_names_and_no_wildcard() -> None:
+    """SPARKSERVE_ALLOWED_HOSTS (sparkserve.launch.vllm_command): BIND_ADDRESS, HOST and
+    ALLOWED_HOSTS' names, wildcards left out (0.0.0.0 is no name a client asks by); * passes on."""
+    assert allowed_hosts(resolve_settings({}, "dflash")) == "127.0.0.1"
+    given = {"BIND_ADDRESS": "0.0.0.0", "API_KEY": "k", "ALLOWED_HOSTS": "spark.local,10.0.0.2"}
+    assert allowed_hosts(resolve_settings(given, "dflash")) == "spark.local,10.0.0.2"
+    given = {"HOST": "10.0.0.1", "BIND_ADDRESS": "10.0.0.1", "API_KEY": "k"}
+    assert allowed_hosts(resolve_settings(given, "mtp")) == "10.0.0.1"
+    assert allowed_hosts(resolve_settings({"ALLOWED_HOSTS": "*"}, "dflash")) == "*"

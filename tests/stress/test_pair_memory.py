@@ -4,9 +4,14 @@ in the lead's integration test)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import socket
+import subprocess
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -15,6 +20,7 @@ from sparkserve.stress.pair_memory import PairWatch, readings_of, table, watch_f
 from sparkserve.stress.verdict import Verdict
 from support.vllm_server import free_port
 from support.watch_stand_in import WatchStandIn, about, pair_env
+from support.watches import read_state, watch_argv
 
 
 @pytest.fixture()
@@ -40,7 +46,8 @@ def test_each_host_keeps_its_lowest_memory_and_its_swap(stand_in: WatchStandIn) 
         time.sleep(0.05)
     watch.stop()
     assert watch.hosts["1"].readings >= 5, "the watch stopped reading the worker"
-    assert stand_in.asked[0] == {"kind": "probe"}
+    assert stand_in.asked[0]["kind"] == "probe"
+    assert wire.Nonces().problem(stand_in.asked[0], wire.secret_of()) is None, "signed"
     report = watch.report(reserve_gib=10.0, swap_tolerance_gib=0.0)
     head, worker = report["hosts"]["head"], report["hosts"]["worker"]
     assert head["min_available_gib"] == 25.0 and head["swap_growth_gib"] == 0.0
@@ -93,3 +100,34 @@ def test_a_watch_that_answers_nonsense_or_lacks_a_host(stand_in: WatchStandIn) -
     assert "1 probes of 127.0.0.1" in table(report)
     with pytest.raises(wire.WireError, match="rank 1's reading is not one"):
         readings_of({"kind": "about", "memory": {"1": {"available_gib": "x"}}})
+
+
+def test_the_probe_proves_the_secret_of_the_tools_knobs(tmp_path: Path) -> None:
+    """A real head watch with CLUSTER_SECRET set: stress (and doctor) take the secret from the
+    knobs they read (.env's among them, not this process's environment) and are answered; with
+    another secret, the watch refuses and stress judges this host alone, saying why."""
+    secret = "stress-secret-0123456789"
+    port = free_port()
+    tree = subprocess.Popen(["sleep", "300"])
+    argv = watch_argv(tree.pid, 0, "127.0.0.1", "127.0.0.1", port, tmp_path / "state.json")
+    env = {**os.environ, "CLUSTER_SECRET": secret}
+    head = subprocess.Popen(argv, env=env, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 60
+        while "waiting" not in read_state(tmp_path / "state.json"):
+            assert time.monotonic() < deadline and head.poll() is None, "the watch did not start"
+            time.sleep(0.1)
+        for _ in range(100):  # listening a moment after it wrote its state
+            with contextlib.suppress(OSError):
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                break
+            time.sleep(0.1)
+        watch, note = watch_for({**pair_env(port), "CLUSTER_SECRET": secret}, time.monotonic)
+        assert watch is not None and note == ""
+        watch, note = watch_for({**pair_env(port), "CLUSTER_SECRET": "x" + secret}, time.monotonic)
+        assert watch is None and wire.NO_PROOF in note, note
+    finally:
+        for proc in (head, tree):
+            proc.kill()
+            proc.wait()
+    assert "refused a probe from 127.0.0.1: no valid proof of CLUSTER_SECRET" in head.stderr.read()

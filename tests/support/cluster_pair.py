@@ -188,6 +188,7 @@ def node_env(
         CLUSTER_NODES="2", CLUSTER_RANK=str(rank), CLUSTER_LAYOUT=layout,
         CLUSTER_HEAD_ADDR=net.head_ip, CLUSTER_IFACE=net.head_if if rank == 0 else net.worker_if,
         SPARKSERVE_STATE_DIR=str(folder / "state"), VLLM_CPU_OMP_THREADS_BIND=str(rank),
+        CLUSTER_SECRET="pair-e2e-secret-0123456789",  # the watch's joins and probes prove it
         VLLM_TARGET_DEVICE="cpu", PYTHONPATH=str(site),
         PATH=f"{Path(cpu_python()).parent}:{os.environ['PATH']}",
     )  # fmt: skip

@@ -28,6 +28,12 @@ VARIANTS: dict[str, dict[str, str]] = {
     "no-drafter": {"NUM_SPEC_TOKENS": "0"},
     "extra-args": {"EXTRA_ARGS": "--enforce-eager --max-num-seqs 2"},
     "ngram": {"SPEC_METHOD": "ngram"},
+    "open": {
+        "BIND_ADDRESS": "0.0.0.0",
+        "API_KEY": "sk-dry",
+        "ALLOWED_HOSTS": "spark.lan",
+        "ALLOWED_ORIGINS": "http://spark.lan:3000,https://chat.example",
+    },
 }
 
 

@@ -61,6 +61,7 @@ class Side:
     identity: dict[str, str]
     link: dict[str, int]  # {"mtu", "speed_mbps"}
     wait_s: float
+    secret: bytes = b""  # CLUSTER_SECRET: a running pair watch answers probes that prove it
 
 
 @dataclass
@@ -258,7 +259,11 @@ def running_head_rows(side: Side, taken: int) -> list[Check]:
     """The head's ports are taken: is it this pair's server (its watch answers a probe)?"""
     try:
         about = wire.request(
-            side.head, side.watch_port, {"kind": "probe", "identity": side.identity}, REPLY_S
+            side.head,
+            side.watch_port,
+            {"kind": "probe", "identity": side.identity},
+            REPLY_S,
+            side.secret,
         )
     except OSError as error:
         return [
@@ -330,7 +335,7 @@ def meet_head(side: Side, back_port: int, reached: threading.Event) -> list[Chec
         if not failed:
             where = f"{side.head}:{side.watch_port}"
             try:
-                about = wire.request(side.head, side.watch_port, probe, REPLY_S)
+                about = wire.request(side.head, side.watch_port, probe, REPLY_S, side.secret)
                 break
             except OSError as error:
                 failed = why_not(error) if not isinstance(error, wire.WireError) else str(error)

@@ -8,7 +8,9 @@ pair has joined.
 
 - The head listens on CLUSTER_HEAD_ADDR:CLUSTER_WATCH_PORT; the worker connects (retrying
   while the head is not listening yet, failing at once when the address is unreachable) and
-  joins; the head refuses a worker whose software differs (sparkserve.cluster.identity).
+  joins; the head refuses a worker whose software differs (sparkserve.cluster.identity), and
+  any join or probe without proof of CLUSTER_SECRET (sparkserve.cluster.wire): it logs the
+  refusal and goes on waiting, so that no one but a worker of this pair can end its wait.
 - Joined, both send a beat with their host's memory every wire.BEAT_S. A peer silent for
   --peer-timeout-s, a bye, a closed connection, this node's vLLM gone or this watch stopped:
   one line naming the node that failed and why, a bye to the peer if it can still hear it,
@@ -100,9 +102,11 @@ class Options:
 
 
 class Watch:
-    def __init__(self, options: Options, identity: dict[str, str]) -> None:
+    def __init__(self, options: Options, identity: dict[str, str], secret: bytes) -> None:
         self.o = options
         self.identity = identity
+        self.secret = secret
+        self.nonces = wire.Nonces()
         self.peer_rank = 1 - options.rank
         self.peer_addr = options.head_addr if options.rank == 1 else "?"
         self.lock = threading.Lock()
@@ -197,7 +201,8 @@ class Watch:
                 continue
             reader = wire.LineReader(sock)
             try:
-                wire.send(sock, {"kind": "join", "rank": 1, "identity": self.identity})
+                join = {"kind": "join", "rank": 1, "identity": self.identity}
+                wire.send(sock, wire.sign(join, self.secret))
                 answer = reader.receive(max(self.o.peer_timeout_s, GREETING_S))
             except OSError as error:
                 sock.close()
@@ -251,6 +256,14 @@ class Watch:
         reader = wire.LineReader(conn)
         try:
             message = reader.receive(GREETING_S)
+            if message["kind"] in ("probe", "join"):
+                with self.lock:
+                    problem = self.nonces.problem(message, self.secret)
+                if problem is not None:
+                    log(f"refused a {message['kind']} from {address}: {problem}")
+                    wire.send(conn, {"kind": "refused", "reason": problem})
+                    conn.close()
+                    return
             if message["kind"] == "probe":
                 wire.send(conn, self.about())
             elif message["kind"] == "join":
@@ -270,14 +283,16 @@ class Watch:
                 conn, reader, address, message = joins.get(timeout=0.5)
             except queue.Empty:
                 continue
-            self.peer_addr = address
             problems = differences(self.identity, message.get("identity") or {})
             if problems:
+                # the worker stops on the refusal; the head waits on for one that matches
                 reason = "its software differs (here = head): " + "; ".join(problems)
                 with contextlib.suppress(OSError):
                     wire.send(conn, {"kind": "refused", "reason": reason})
                 conn.close()
-                raise Stop(f"{self.node(1)} refused: {reason}", EXIT_BAD_INPUT)
+                log(f"node 1 ({address}) refused: {reason}; still waiting for a worker")
+                continue
+            self.peer_addr = address
             wire.send(conn, {"kind": "welcome", "identity": self.identity})
             return conn, reader
 
@@ -444,7 +459,7 @@ def run(args: argparse.Namespace) -> int:
         grace_s=args.grace_s, state_file=args.state_file or state_path(os.environ),
         api_url=args.api_url,
     )  # fmt: skip
-    watch = Watch(options, node_identity(os.environ))
+    watch = Watch(options, node_identity(os.environ), wire.secret_of(os.environ))
     _die_with_parent(args.pid, watch.got_sigterm)
     # `kill -USR1 <watch>` writes every thread's stack to its log: a watch that looks stuck.
     faulthandler.register(signal.SIGUSR1, all_threads=True)

@@ -12,18 +12,34 @@ why one of them stops. Kinds:
   `stress_mem.sh` use it.
 
 A reading is {"available_gib", "total_gib", "swap_used_gib", "at"} (`at`: Unix time).
+
+Every join and probe carries proof of the pair's shared secret (CLUSTER_SECRET, the same on
+both nodes): "at" (Unix time), a fresh random "nonce" and "proof", the HMAC-SHA256 under the
+secret of the rest of the message. The head answers only a message whose proof holds, that is
+at most FRESH_S old and whose nonce it has not seen (a recorded message sent again is
+refused). With CLUSTER_SECRET empty, anyone can make the proof: it then proves nothing.
 """
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import json
+import os
+import secrets
 import socket
 import time
+from collections.abc import Mapping
 from typing import Any
 
 from sparkserve.memory.host import GIB, read_meminfo
 
 BEAT_S = 1.0  # how often each side of a joined pair sends a beat
+SECRET_ENV = "CLUSTER_SECRET"
+# How old a signed message may be: the two clocks may differ this much (NTP keeps them well
+# inside it), and a recorded message is refused once older, its nonce while younger.
+FRESH_S = 60.0
+NO_PROOF = "no valid proof of CLUSTER_SECRET (unset there, or not this pair's)"
 MAX_LINE = 64 * 1024  # a longer line is a peer speaking something else
 
 Message = dict[str, Any]
@@ -91,8 +107,51 @@ def decode(line: bytes) -> Message:
     return message
 
 
-def request(host: str, port: int, message: Message, timeout: float) -> Message:
-    """Connect, send one message, return the one reply; WireError or OSError on failure."""
+def secret_of(env: Mapping[str, str] | None = None) -> bytes:
+    """The pair's secret from the environment (the launcher's, compose's knob)."""
+    return (os.environ if env is None else env).get(SECRET_ENV, "").encode()
+
+
+def _mac(message: Message, secret: bytes) -> str:
+    body = json.dumps(
+        {k: v for k, v in message.items() if k != "proof"}, sort_keys=True, separators=(",", ":")
+    )
+    return hmac.new(secret, body.encode(), hashlib.sha256).hexdigest()
+
+
+def sign(message: Message, secret: bytes) -> Message:
+    """`message` with its proof of `secret` (above)."""
+    signed = {**message, "at": round(time.time(), 3), "nonce": secrets.token_hex(16)}
+    signed["proof"] = _mac(signed, secret)
+    return signed
+
+
+class Nonces:
+    """The nonces a listener has accepted within FRESH_S: a message sent again is refused."""
+
+    def __init__(self) -> None:
+        self.seen: dict[str, float] = {}
+
+    def problem(self, message: Message, secret: bytes, now: float | None = None) -> str | None:
+        """Why `message` is not proven (one line), or None; a proven one's nonce is kept."""
+        now = time.time() if now is None else now
+        proof, at, nonce = message.get("proof"), message.get("at"), message.get("nonce")
+        if not isinstance(proof, str) or not hmac.compare_digest(proof, _mac(message, secret)):
+            return NO_PROOF
+        if not isinstance(at, (int, float)) or abs(now - at) > FRESH_S:
+            return f"its proof is not from the last {FRESH_S:g} s (a replay, or clocks apart)"
+        self.seen = {n: t for n, t in self.seen.items() if now - t <= 2 * FRESH_S}
+        if not isinstance(nonce, str) or nonce in self.seen:
+            return "its proof was used before (a replay)"
+        self.seen[nonce] = now
+        return None
+
+
+def request(
+    host: str, port: int, message: Message, timeout: float, secret: bytes | None = None
+) -> Message:
+    """Connect, send one message signed with `secret` (default: CLUSTER_SECRET from the
+    environment), return the one reply; WireError or OSError on failure."""
     with socket.create_connection((host, port), timeout=timeout) as sock:
-        send(sock, message)
+        send(sock, sign(message, secret_of() if secret is None else secret))
         return LineReader(sock).receive(timeout)

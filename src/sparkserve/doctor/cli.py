@@ -266,6 +266,7 @@ def check_pair(
         identity=node_identity(env),
         link={"mtu": end.mtu, "speed_mbps": end.speed_mbps},
         wait_s=wait_s,
+        secret=settings["CLUSTER_SECRET"].encode(),
     )
     return rows + pair_rows(side)
 

@@ -8,6 +8,13 @@ release adds routes. This ASGI middleware (`--middleware sparkserve.in_vllm.acce
 RequireKeyThenDrain in front of the drain middleware when SHUTDOWN_TIMEOUT_S > 0: the
 launchers' one --middleware, the outermost of vLLM's) denies by default instead:
 
+- a request whose Host header names neither a loopback address (localhost, 127.0.0.0/8,
+  ::1) nor one the launcher allows (BIND_ADDRESS, a HOST that is not a wildcard,
+  ALLOWED_HOSTS) gets HTTP 421 first, on every route, /health included: a web page that
+  rebinds its own name to this machine (DNS rebinding) is same-origin with the API to the
+  browser, and its requests name the page's host. /health is not spared: the healthchecks
+  name 127.0.0.1, and one rule for every route leaves nothing to forget when vLLM adds one.
+  A request without Host (no browser sends one) is refused too;
 - a body declared (Content-Length) above MAX_REQUEST_MB gets HTTP 413 before anything of it is
   read, on every route, with or without the key; a chunked one is counted as the app reads it
   and refused with 413 once past the limit;
@@ -21,7 +28,8 @@ launchers' one --middleware, the outermost of vLLM's) denies by default instead:
 
 The key comes as vLLM takes it (its --api-key when given, else VLLM_API_KEY from the
 environment), never from the command line of this package; the two knobs come through the
-environment the launcher gives vLLM (sparkserve.launch.vllm_command).
+environment the launcher gives vLLM (sparkserve.launch.vllm_command), and so do the allowed
+hosts (SPARKSERVE_ALLOWED_HOSTS: sparkserve.launch.vllm_command.allowed_hosts).
 """
 
 from __future__ import annotations
@@ -29,8 +37,10 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import hmac
+import ipaddress
 import json
 import os
+import re
 from collections.abc import Sequence
 
 from sparkserve.in_vllm.draining import App, Message, Receive, RefuseWhileDraining, Scope, Send
@@ -42,8 +52,17 @@ OPEN_PATHS = (HEALTH_PATH,)  # the routes every client reaches without the key
 KEY_ENV = "VLLM_API_KEY"  # vLLM's own name for the key (sparkserve.launch.vllm_command)
 METRICS_OPEN_ENV = "METRICS_OPEN"
 MAX_REQUEST_ENV = "MAX_REQUEST_MB"
+# the names allowed besides loopback, comma-separated ("*": any), as the launcher works them out
+# (sparkserve.launch.vllm_command.allowed_hosts)
+HOSTS_ENV = "SPARKSERVE_ALLOWED_HOSTS"
+ANY_HOST = "*"
 MIB = 1024 * 1024
 UNAUTHORIZED = {"error": "Unauthorized"}  # vLLM's own 401 body (its AuthenticationMiddleware)
+MISDIRECTED = (
+    "this server does not answer to the Host {host!r}: reach it as 127.0.0.1, localhost or "
+    "BIND_ADDRESS, or add the name to ALLOWED_HOSTS"
+)
+_HOST_NAME = re.compile(r"[a-z0-9._-]+")
 TOO_LARGE = (
     "the request body is larger than this server accepts ({limit} bytes, MAX_REQUEST_MB={mb:g})"
 )
@@ -56,6 +75,45 @@ class BodyTooLarge(Exception):
 def open_paths(metrics_open: bool) -> frozenset[str]:
     """The paths served without the key."""
     return frozenset((*OPEN_PATHS, *((METRICS_PATH,) if metrics_open else ())))
+
+
+def host_name(value: bytes | None) -> str | None:
+    """The name of a Host header (`name`, `name:port`, `[v6]:port`), lower case, without a
+    trailing dot; None for a missing or malformed one."""
+    if value is None:
+        return None
+    text = value.decode("latin-1").strip().lower()
+    if text.startswith("["):
+        address, bracket, rest = text[1:].partition("]")
+        if not bracket or (rest and not re.fullmatch(r":[0-9]*", rest)):
+            return None
+        try:
+            return str(ipaddress.IPv6Address(address))
+        except ValueError:
+            return None
+    name, colon, port = text.partition(":")
+    if colon and port and not port.isdigit():
+        return None  # not a port (an unbracketed IPv6 address among them)
+    name = name.removesuffix(".")
+    return name if _HOST_NAME.fullmatch(name) else None
+
+
+def is_loopback_name(name: str) -> bool:
+    if name == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(name).is_loopback
+    except ValueError:
+        return False
+
+
+def normal_name(name: str) -> str:
+    """A configured address or name as host_name gives it ("[::1]" and "::1" alike)."""
+    name = name.strip().lower().removesuffix(".")
+    try:
+        return str(ipaddress.ip_address(name.strip("[]")))
+    except ValueError:
+        return name
 
 
 def _digest(key: str) -> bytes:
@@ -99,10 +157,16 @@ class RequireKey:
         keys: Sequence[str] | None = None,
         metrics_open: bool | None = None,
         max_request_mb: float | None = None,
+        hosts: Sequence[str] | None = None,
     ) -> None:
         """vLLM passes `app` only: the rest comes from the environment (and the key from vLLM's
-        own arguments) at the first request; tests pass them."""
+        own arguments) at the first request; tests pass them. `hosts`: the names allowed
+        besides loopback ("*": any)."""
         self.app = app
+        if hosts is None:
+            hosts = os.environ.get(HOSTS_ENV, "").split(",")
+        self.any_host = ANY_HOST in hosts
+        self.hosts = frozenset(normal_name(h) for h in hosts if h.strip())
         self.digests: list[bytes] | None = None if keys is None else [_digest(k) for k in keys if k]
         if metrics_open is None:
             metrics_open = os.environ.get(METRICS_OPEN_ENV, "0") == "1"
@@ -112,6 +176,12 @@ class RequireKey:
             max_request_mb = float(given)
         self.max_request_mb = max_request_mb
         self.max_bytes = int(max_request_mb * MIB)
+
+    def host_allowed(self, scope: Scope) -> bool:
+        if self.any_host:
+            return True
+        name = host_name(header(scope, b"host"))
+        return name is not None and (is_loopback_name(name) or name in self.hosts)
 
     def allowed(self, scope: Scope) -> bool:
         if self.digests is None:
@@ -139,6 +209,12 @@ class RequireKey:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] not in ("http", "websocket"):
             await self.app(scope, receive, send)  # lifespan: nothing to guard
+            return
+        if not self.host_allowed(scope):
+            if scope["type"] == "websocket":
+                await send({"type": "websocket.close", "code": 1008})  # HTTP 403
+            else:
+                await self.answer(send, 421, self.misdirected_body(scope))
             return
         if scope["type"] == "http" and self.declared_too_large(scope):
             await self.answer(send, 413, self.too_large_body())
@@ -197,6 +273,13 @@ class RequireKey:
             # what the app raised is the refused read, or came from it
         if too_large and not started:
             await self.answer(send, 413, self.too_large_body())
+
+    @staticmethod
+    def misdirected_body(scope: Scope) -> dict[str, object]:
+        given = header(scope, b"host")
+        host = given.decode("latin-1")[:100] if given is not None else "(none)"
+        return {"error": {"message": MISDIRECTED.format(host=host), "type": "MisdirectedRequest",
+                          "param": None, "code": 421}}  # fmt: skip
 
     def too_large_body(self) -> dict[str, object]:
         """An error in vLLM's own shape (its ErrorResponse)."""

@@ -169,6 +169,15 @@ _NAME = r"[A-Za-z0-9/.][A-Za-z0-9._:/-]*"  # a model id, a local path or a serve
 CPU_MODEL = "Qwen/Qwen3-0.6B"
 _HOSTNAME = r"[A-Za-z0-9.:_-]+"
 
+
+def _comma_list(item: str) -> str:
+    """A pattern for one or more `item`s, comma-separated."""
+    return f"{item}(,{item})*"
+
+
+_HOST_NAMES = _comma_list(r"[A-Za-z0-9._:-]+")
+_ORIGINS = _comma_list(r"https?://[A-Za-z0-9.-]+(:[0-9]+)?")  # scheme://name[:port]
+
 KNOBS: tuple[Knob, ...] = (
     # The model
     Knob("RECIPE", "text", "qwen3.5-122b-a10b", group="model", pattern=r"[a-z0-9][a-z0-9.-]*",
@@ -322,10 +331,23 @@ KNOBS: tuple[Knob, ...] = (
          pattern=r"[A-Za-z0-9/._-]+",
          why="What compose mounts at HF_HOME: the named volume hf-cache, or an absolute host "
              "folder holding a Hugging Face cache already (nothing downloaded twice)."),
-    Knob("BIND_ADDRESS", "text", "127.0.0.1", group="network", scope="compose",
-         pattern=_HOSTNAME,
-         why="Host address compose publishes the API on; 0.0.0.0 opens it to your network "
-             "(set API_KEY first: it then guards every route but /health)."),
+    Knob("BIND_ADDRESS", "text", "127.0.0.1", group="network", pattern=_HOSTNAME,
+         why="Host address compose publishes the API on (the pair's head binds it). An "
+             "address beyond loopback (0.0.0.0 opens it to your network) needs API_KEY: the "
+             "launcher refuses to start without one. Requests must name it, a loopback name "
+             "or one of ALLOWED_HOSTS as their Host."),
+    Knob("ALLOWED_HOSTS", "text", "", group="network", empty_ok=True,
+         pattern=rf"\*|{_HOST_NAMES}",
+         why="More names clients may reach the API by (the Host header; comma-separated), "
+             "besides localhost, 127.0.0.1, ::1 and BIND_ADDRESS: every other Host gets HTTP "
+             "421 on every route, /health included, so a web page that rebinds its own name "
+             "to this machine (DNS rebinding) cannot use the API. Name the machine's LAN "
+             "name or address here with BIND_ADDRESS=0.0.0.0; * turns the check off."),
+    Knob("ALLOWED_ORIGINS", "text", "", group="network", empty_ok=True, pattern=_ORIGINS,
+         why="Web pages (origins, scheme://name[:port], comma-separated) whose scripts may "
+             "call the API from a browser (vLLM's --allowed-origins). Empty: vLLM's "
+             "default, no cross-origin access; the browser blocks every other page's "
+             "request."),
     # Two Sparks (docs/CLUSTER.md): one model split across a head and a worker
     Knob("CLUSTER_NODES", "int", "1", minimum=1, maximum=2, group="cluster",
          why="Machines that serve the model together: 1 is one Spark; 2 splits it over two "
@@ -359,6 +381,13 @@ KNOBS: tuple[Knob, ...] = (
          group="cluster",
          why="Port of the pair watch: each node's heartbeat to the other, so that a "
              "failure on either machine stops both instead of leaving one hanging."),
+    Knob("CLUSTER_SECRET", "text", "", group="cluster", empty_ok=True, secret=True,
+         pattern=r"\S{16,}",
+         why="The pair's shared secret, the same on both machines (16 characters or more: "
+             "`openssl rand -hex 32`). Every join and probe of the pair watch carries proof of "
+             "it (an HMAC over a fresh nonce); the head refuses and logs one without, and goes "
+             "on. Empty: anyone who reaches the watch port on the link can probe the head "
+             "(its software's identity) or join it."),
     Knob("CLUSTER_PEER_TIMEOUT_S", "float", "5", minimum=2, maximum=60, group="cluster",
          why="Seconds without a heartbeat after which the peer counts as lost and this node "
              "stops; with vLLM's shutdown grace it bounds how long a failed pair lingers."),

@@ -51,6 +51,9 @@ class KnobValues:
     HF_TOKEN: str
     HF_HOME: str
     HF_OFFLINE: bool
+    BIND_ADDRESS: str
+    ALLOWED_HOSTS: str
+    ALLOWED_ORIGINS: str
     CLUSTER_NODES: int
     CLUSTER_RANK: int
     CLUSTER_HEAD_ADDR: str
@@ -59,6 +62,7 @@ class KnobValues:
     CLUSTER_LAYOUT: str
     CLUSTER_PORT: int
     CLUSTER_WATCH_PORT: int
+    CLUSTER_SECRET: str
     CLUSTER_PEER_TIMEOUT_S: float
     CLUSTER_JOIN_TIMEOUT_S: float
     SHUTDOWN_TIMEOUT_S: int

@@ -20,6 +20,7 @@ cache in bytes, vLLM's share of memory in bytes, the rows the lm-head serves at 
 
 from __future__ import annotations
 
+import ipaddress
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -142,7 +143,30 @@ def resolve_settings(
             raw, source = given[knob.name], "option"
         text[knob.name] = knob.check(raw)
         layer[knob.name] = source
+    check_exposure(text)
     return Settings(launcher, image, text, layer, recipe, KnobValues.parse(text))
+
+
+def is_loopback(address: str) -> bool:
+    """Whether an address (or name) is reachable from this machine only."""
+    if address.lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(address.strip("[]")).is_loopback
+    except ValueError:
+        return False  # a name: it resolves to whatever it resolves to
+
+
+def check_exposure(text: Mapping[str, str]) -> None:
+    """An API published beyond loopback needs API_KEY (KnobError, one line). A pair's worker
+    serves no API (headless): nothing to guard there."""
+    bind = text["BIND_ADDRESS"]
+    worker = text["CLUSTER_NODES"] == "2" and text["CLUSTER_RANK"] == "1"
+    if not is_loopback(bind) and not text["API_KEY"] and not worker:
+        raise KnobError(
+            f"BIND_ADDRESS={bind!r} publishes the API beyond this machine without API_KEY: set "
+            "API_KEY (every client then sends it), or BIND_ADDRESS=127.0.0.1"
+        )
 
 
 def check_recipe_fits(settings: Settings, total_bytes: int) -> None:

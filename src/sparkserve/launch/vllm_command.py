@@ -20,6 +20,9 @@ from sparkserve.launch.versions import parse_release
 from sparkserve.launch.workarounds import WORKAROUNDS
 
 SECRET_ENV = ("VLLM_API_KEY", "HF_TOKEN")
+# The names the access middleware answers to besides loopback (sparkserve.in_vllm.access).
+HOSTS_ENV = "SPARKSERVE_ALLOWED_HOSTS"
+WILDCARDS = frozenset({"0.0.0.0", "::", "[::]", ""})  # bind everywhere: no name to be asked by
 ACCESS_MIDDLEWARE = "sparkserve.in_vllm.access.RequireKey"
 ACCESS_THEN_DRAIN = "sparkserve.in_vllm.access.RequireKeyThenDrain"
 # THINKING=0: the chat template renders no thinking and vLLM's reasoning parsers start in the
@@ -49,7 +52,7 @@ class VllmCommand:
         """The environment as a dry run prints it, NAME='value' (shell-quoted), secrets
         hidden."""
         return [
-            f"{k}=<hidden>" if k in SECRET_ENV else f"{k}={shell_quote(v)}"
+            f"{k}=<hidden>" if k in SECRET_ENV and v else f"{k}={shell_quote(v)}"
             for k, v in self.env.items()
         ]
 
@@ -113,6 +116,24 @@ def drain_args(settings: Settings) -> list[str]:
     return ["--shutdown-timeout", settings["SHUTDOWN_TIMEOUT_S"], "--middleware", middleware]
 
 
+def allowed_hosts(settings: Settings) -> str:
+    """SPARKSERVE_ALLOWED_HOSTS: the addresses the server is configured on (BIND_ADDRESS, HOST;
+    wildcards dropped) and ALLOWED_HOSTS' names, or "*" when that knob says so."""
+    if settings["ALLOWED_HOSTS"] == "*":
+        return "*"
+    names = [settings["BIND_ADDRESS"], settings["HOST"], *settings["ALLOWED_HOSTS"].split(",")]
+    return ",".join(dict.fromkeys(name for name in names if name not in WILDCARDS))
+
+
+def origin_args(settings: Settings) -> list[str]:
+    """The pages a browser lets call the API (vLLM's CORS list): ALLOWED_ORIGINS as vLLM's
+    --allowed-origins takes it, a JSON list (entrypoints/launchers/cli_args.py). Given always,
+    empty too: vLLM 0.32 and 0.34 default to none, but 0.27.1 to "*", every page
+    (entrypoints/openai/cli_args.py:277), so the knob decides whatever the release."""
+    origins = [origin for origin in settings["ALLOWED_ORIGINS"].split(",") if origin]
+    return ["--allowed-origins", json.dumps(origins)]
+
+
 def join_timeout_s(settings: Settings) -> int:
     return math.ceil(settings.values.CLUSTER_JOIN_TIMEOUT_S)
 
@@ -158,6 +179,7 @@ def vllm_env(settings: Settings, host_ip: str) -> dict[str, str]:
         # read by the access middleware inside vLLM (sparkserve.in_vllm.access)
         "METRICS_OPEN": settings["METRICS_OPEN"],
         "MAX_REQUEST_MB": settings["MAX_REQUEST_MB"],
+        HOSTS_ENV: allowed_hosts(settings),
         # the fetch step has put every checkpoint into the cache: vLLM never downloads
         "HF_HUB_OFFLINE": "1",
     }
@@ -165,7 +187,10 @@ def vllm_env(settings: Settings, host_ip: str) -> dict[str, str]:
         # through the environment, so that the key never shows in `ps` or in logs
         env["VLLM_API_KEY"] = settings["API_KEY"]
     if settings["HF_TOKEN"]:
-        env["HF_TOKEN"] = settings["HF_TOKEN"]
+        # vLLM runs offline: the fetch step downloads, with the token. The launcher's own
+        # environment still holds it (the fetch reads it there): blanked for vLLM, which
+        # huggingface_hub reads as no token.
+        env["HF_TOKEN"] = ""
     if settings.pair:
         # The address this node announces to the other (vLLM envs.py, VLLM_HOST_IP; otherwise
         # vLLM guesses from the default route, which is not the ConnectX-7 link).
@@ -225,6 +250,7 @@ def vllm_command(
     if not settings.values.THINKING:
         argv += ["--default-chat-template-kwargs", json.dumps(NO_THINKING)]
     argv += drain_args(settings)
+    argv += origin_args(settings)
     speculative_fields: dict[str, object] = {}
     for workaround in WORKAROUNDS:
         if workaround.applies(

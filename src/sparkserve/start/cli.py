@@ -38,7 +38,7 @@ from sparkserve.fetch.download import fetch_all
 from sparkserve.fetch.hub import FetchError
 from sparkserve.guard import record as guard_record
 from sparkserve.guard.monitor import marker_path
-from sparkserve.knobs.registry import LAUNCHER_SCRIPTS, LAUNCHERS, KnobError, Launcher
+from sparkserve.knobs.registry import LAUNCHER_SCRIPTS, LAUNCHERS, SECRETS, KnobError, Launcher
 from sparkserve.launch.settings import Settings
 from sparkserve.launch.shell import Value, records, shell_quote
 from sparkserve.launch.start_parts import (
@@ -151,6 +151,9 @@ def shell_variables(start: Start, prog: str) -> dict[str, Value]:
         "WATCH_ARGS": start.watch,
         "CLUSTER_STATE_FILE": str(start.state_file),
         "BANNER": banner(start, prog),
+        # the secret knobs, which the launcher unsets before vLLM starts (the pair watch,
+        # started before, signs with CLUSTER_SECRET; vLLM's key travels as VLLM_ENV's own)
+        "SECRET_KNOBS": sorted(SECRETS),
     }
 
 

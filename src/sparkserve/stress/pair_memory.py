@@ -81,6 +81,8 @@ class HostMemory:
 def readings_of(message: Mapping[str, Any]) -> dict[str, Mapping[str, Any]]:
     """The per-rank readings of a watch's `about` answer; WireError when it is not one."""
     memory = message.get("memory")
+    if message.get("kind") == "refused":  # CLUSTER_SECRET not the head's
+        raise wire.WireError(f"it refused the probe: {message.get('reason')}")
     if message.get("kind") != "about" or not isinstance(memory, dict):
         raise wire.WireError(f"the watch answered {str(message)[:80]}, not an about")
     found = {}
@@ -102,6 +104,7 @@ class PairWatch:
     host: str
     port: int
     clock: Callable[[], float]  # the run's time (the memory sampler's `now`)
+    secret: bytes = b""  # CLUSTER_SECRET: the watch answers probes that prove it
     period_s: float = PERIOD_S
     hosts: dict[str, HostMemory] = field(
         default_factory=lambda: {rank: HostMemory(name) for rank, name in HOSTS.items()}
@@ -118,7 +121,7 @@ class PairWatch:
     def poll(self) -> None:
         """One probe; a failure is counted and kept, never raised."""
         try:
-            answer = wire.request(self.host, self.port, {"kind": "probe"}, TIMEOUT_S)
+            answer = wire.request(self.host, self.port, {"kind": "probe"}, TIMEOUT_S, self.secret)
             readings = readings_of(answer)
         except OSError as error:
             self.failures += 1
@@ -167,9 +170,10 @@ def watch_for(env: Mapping[str, str], clock: Callable[[], float]) -> tuple[PairW
     host = settings["CLUSTER_HEAD_ADDR"]
     if not host:
         return None, "CLUSTER_NODES=2 but CLUSTER_HEAD_ADDR is empty: judging this host alone"
-    watch = PairWatch(host, settings.values.CLUSTER_WATCH_PORT, clock)
+    secret = settings["CLUSTER_SECRET"].encode()  # the tool's knobs: .env's included
+    watch = PairWatch(host, settings.values.CLUSTER_WATCH_PORT, clock, secret)
     try:
-        readings_of(wire.request(host, watch.port, {"kind": "probe"}, TIMEOUT_S))
+        readings_of(wire.request(host, watch.port, {"kind": "probe"}, TIMEOUT_S, secret))
     except OSError as error:
         return None, (
             f"the pair watch at {watch.where} did not answer ({error}): judging this host alone"

@@ -29,7 +29,7 @@ from typing import Any
 from sparkserve import __version__
 from sparkserve import command_line as cl
 from sparkserve.atomic_file import replace_text
-from sparkserve.bench.benchy import corpus, report
+from sparkserve.bench.benchy import corpus, keyed, report
 from sparkserve.bench.benchy.profiles import PROFILES, Profile, parse_depths, profile_named
 from sparkserve.bench.benchy.run import Run, run_llama_benchy
 from sparkserve.client import tool
@@ -147,14 +147,15 @@ def _run(args: argparse.Namespace, env: Mapping[str, str]) -> int:
             "--book-url", text.url, *profile.llama_benchy_options(),
             "--format", "json", "--save-result", str(out / "llama-benchy.json"),
         ]  # fmt: skip
-        secret = ["--api-key", server.api_key] if server.api_key else []
+        if server.api_key:  # through the environment: a command line is visible to all
+            child_env[keyed.KEY_ENV] = server.api_key
         say(f"[llama-benchy] {DIST} {version}, profile {profile.name} against {server.url} "
             f"({info.model}); writing to {out}/")  # fmt: skip
         started = dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
         run = Run()
 
         def work() -> None:
-            run_llama_benchy([*options, *secret], child_env, server, say, run)
+            run_llama_benchy(options, child_env, server, say, run)
             if run.returncode:
                 raise RunAborted(f"{DIST} exited with status {run.returncode} (its output above)")
 

@@ -77,11 +77,12 @@ def run_llama_benchy(
     echo: Callable[[str], None],
     run: Run,
 ) -> None:
-    """Run llama-benchy (`argv` after the interpreter), echo its lines, and cut its run into
+    """Run llama-benchy (`argv` after the interpreter; the key, if any, in `env` under
+    sparkserve.bench.benchy.keyed.KEY_ENV, never in `argv`), echo its lines, and cut its run into
     windows in `run`. Ctrl-C is passed on to it, and KeyboardInterrupt raised again once it
     ended; what was measured stays in `run`."""
     child = subprocess.Popen(
-        [sys.executable, "-u", "-m", "llama_benchy", *argv],
+        [sys.executable, "-u", "-m", "sparkserve.bench.benchy.keyed", *argv],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=dict(env),
         start_new_session=True,  # Ctrl-C reaches it from here, once, not from the terminal
     )  # fmt: skip
