@@ -269,7 +269,8 @@ def test_launcher_runs_vllm_with_the_key_in_its_environment_only(
 ) -> None:
     bin_dir, marker = sentinel_bin
     env = launcher_env(API_KEY="s3cr3t-key", HF_TOKEN="hf_s3cr3t",
-                       CLUSTER_SECRET="s3cr3t-pair-0123456789", HF_HOME=str(tmp_path / "hf"))  # fmt: skip
+                       CLUSTER_SECRET="s3cr3t-pair-0123456789",
+                       HF_HOME=str(tmp_path / "hf"))  # fmt: skip
     env["PATH"] = f"{bin_dir}:{env['PATH']}"
     for knob in ("MODEL", "DRAFT_MODEL"):  # on disk already: the fetch step finds them
         (tmp_path / knob).mkdir()
