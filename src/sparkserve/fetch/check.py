@@ -70,23 +70,35 @@ def check_local(item: Wanted) -> str:
     return f"{item.knob} {item.ref}: a local folder, nothing to fetch"
 
 
+def offline_snapshot(ref: str) -> Path:
+    """HF_OFFLINE=1: the cached snapshot, whole; FetchError otherwise."""
+    cached = cached_snapshot(ref)
+    if cached is None:
+        raise FetchError("HF_OFFLINE=1 and it is not in the cache")
+    refuse_incomplete_offline(cached)
+    return cached
+
+
+def unreachable_snapshot(ref: str, error: Unreachable) -> Path:
+    """The Hub cannot be asked: the cached snapshot, whole; FetchError otherwise."""
+    cached = cached_snapshot(ref)
+    if cached is None:
+        raise FetchError(f"{error} and it is not in the cache") from error
+    refuse_incomplete(cached, UNREACHABLE_REMEDY)
+    return cached
+
+
 def _check_repo(item: Wanted, hf_home: Path, offline: bool, record: Record) -> str:
     known = record.complete(item.ref)
     if known is not None and not incomplete(known):
         return f"{item.knob} {item.ref}: complete in the cache ({known})"
     if offline:
-        cached = cached_snapshot(item.ref)
-        if cached is None:
-            raise FetchError("HF_OFFLINE=1 and it is not in the cache")
-        refuse_incomplete_offline(cached)
+        cached = offline_snapshot(item.ref)
         return f"{item.knob} {item.ref}: in the cache ({cached}), offline (HF_OFFLINE=1)"
     try:
         revision = revision_of(item.ref)
     except Unreachable as error:
-        cached = cached_snapshot(item.ref)
-        if cached is None:
-            raise FetchError(f"{error} and it is not in the cache") from error
-        refuse_incomplete(cached, UNREACHABLE_REMEDY)
+        cached = unreachable_snapshot(item.ref, error)
         return f"{item.knob} {item.ref}: {error}; the cached snapshot is whole ({cached})"
     hub = hf_home / "hub"
     snapshot = repo_dir_of(hub, item.ref) / "snapshots" / revision.sha

@@ -20,18 +20,17 @@ from sparkserve.fetch.cache import (
 )
 from sparkserve.fetch.check import (
     SPACE_MARGIN,
-    UNREACHABLE_REMEDY,
     check_local,
     check_one,
     no_space,
-    refuse_incomplete,
+    offline_snapshot,
     refuse_incomplete_offline,
+    unreachable_snapshot,
 )
 from sparkserve.fetch.hub import (
     FetchError,
     Revision,
     Unreachable,
-    cached_snapshot,
     hub_refusal,
     revision_of,
 )
@@ -116,20 +115,14 @@ def _fetch_repo(item: Wanted, hf_home: Path, offline: bool, record: Record, prog
     if known is not None and _check_weights(item, known, repair=not offline, prog=prog):
         return f"{item.knob} {item.ref}: complete in the cache ({known}), nothing to fetch"
     if offline:
-        cached = cached_snapshot(item.ref)
-        if cached is None:
-            raise FetchError("HF_OFFLINE=1 and it is not in the cache")
-        _check_weights(item, cached, repair=False, prog=prog)
+        cached = offline_snapshot(item.ref)
         return f"{item.knob} {item.ref}: in the cache ({cached}), offline (HF_OFFLINE=1)"
     hub = hf_home / "hub"
     repo_dir = repo_dir_of(hub, item.ref)
     try:
         revision = revision_of(item.ref)
     except Unreachable as error:
-        cached = cached_snapshot(item.ref)
-        if cached is None:
-            raise FetchError(f"{error} and it is not in the cache") from error
-        refuse_incomplete(cached, UNREACHABLE_REMEDY)
+        cached = unreachable_snapshot(item.ref, error)
         # Not recorded as complete: nobody could check it against the Hub.
         return f"{item.knob} {item.ref}: {error}; serving the cached snapshot as it is ({cached})"
     count, freed = remove_stale_partials(hub, repo_dir)
