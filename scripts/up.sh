@@ -44,5 +44,7 @@ for service in "${services[@]}"; do
     awk 'NF { line = $0 } END { print line }' <<<"${said}" >&2
     exit "${status}"
   fi
+  # the launcher's last line: that every check passed
+  awk 'NF { line = $0 } END { print line }' <<<"${said}" >&2
 done
 exec "${compose[@]}" up -d "${services[@]}"

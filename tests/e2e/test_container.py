@@ -799,11 +799,12 @@ def up_sh(project: ComposeProject) -> subprocess.CompletedProcess[str]:
 
 
 def assert_up_sh_refuses(
-    project: ComposeProject, changes: dict[str, str], status: int, last_line: str
+    project: ComposeProject, changes: dict[str, str], status: int, cause: str
 ) -> None:
     """`scripts/up.sh` with `changes` in .env: refused with `status` by the launcher's strict dry
-    run in a container of its own, the last line ending with `last_line`; the running server is
-    the same container, healthy, answering, never restarted. .env is put back afterwards."""
+    run in a container of its own, the last line the launcher's, holding `cause`; the running
+    server is the same container, healthy, answering, never restarted. .env is put back
+    afterwards."""
     running = project.inspect(SERVICE)["Id"]
     kept = {name: project.env.get(name) for name in changes}
     project.write_env(**changes)
@@ -814,7 +815,7 @@ def assert_up_sh_refuses(
         project.write_env(**{name: value for name, value in kept.items() if value is not None})
     assert refused.returncode == status, refused.stdout + refused.stderr
     last = refused.stderr.strip().splitlines()[-1]
-    assert last.endswith(last_line), refused.stderr
+    assert last.startswith(("serve.sh: ", "sparkserve fetch: ")) and cause in last, refused.stderr
     assert project.inspect(SERVICE)["Id"] == running
     assert project.state(SERVICE)["Health"]["Status"] == "healthy"
     assert get(f"http://127.0.0.1:{port_of(project)}/v1/models", API_KEY)[0] == 200
