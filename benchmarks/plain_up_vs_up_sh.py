@@ -133,9 +133,10 @@ def main() -> int:
         try:
             for name, change in CHANGES.items():
                 for how in ("up.sh", "plain"):
+                    project.unset_env(*(k for c in CHANGES.values() for k in c if k not in base))
                     project.write_env(**base)
-                    if not answers(int(project.env["PORT"])):
-                        project.up(SERVICE, wait_s=HEALTHY_S)
+                    if "PORT" not in project.env or not answers(int(project.env["PORT"])):
+                        project.up(SERVICE, wait_s=HEALTHY_S)  # picks a free PORT
                     project.write_env(**change)
                     results[f"{name}/{how}"] = apply(project, how, args.watch_s)
                     print(f"{name}/{how}: {results[f'{name}/{how}']}", flush=True)
