@@ -33,6 +33,13 @@ services=("$@")
 (( ${#services[@]} > 0 )) || services=(sparkserve)
 compose=(docker compose "${compose_options[@]}")
 
+# launchers_line OUTPUT: the launcher's last line in what `compose run` printed (Compose's own
+# container lines may come after it), else the last line.
+launchers_line() {
+  awk 'NF { last = $0 } /^(serve|mtp_serve)\.sh: / { mine = $0 }
+       END { print (mine != "" ? mine : last) }' <<<"$1"
+}
+
 for service in "${services[@]}"; do
   printf '%s: %s: checking the start (DRY_RUN=strict, a container of its own)\n' \
     "${PROG}" "${service}" >&2
@@ -41,10 +48,9 @@ for service in "${services[@]}"; do
   if (( status != 0 )); then
     printf '%s: %s: refused, nothing running was touched (exit %s); the launcher said:\n' \
       "${PROG}" "${service}" "${status}" >&2
-    awk 'NF { line = $0 } END { print line }' <<<"${said}" >&2
+    launchers_line "${said}" >&2
     exit "${status}"
   fi
-  # the launcher's last line: that every check passed
-  awk 'NF { line = $0 } END { print line }' <<<"${said}" >&2
+  launchers_line "${said}" >&2  # that every check passed
 done
 exec "${compose[@]}" up -d "${services[@]}"

@@ -1,20 +1,23 @@
 """The pair's link knobs, checked against this machine's real interfaces.
 
-Each check runs `sparkserve knobs resolve` inside a pair of network namespaces (root only):
-the interfaces, addresses and carrier states are real, and so is the one line on a refusal."""
+Each check runs the launcher's start step (`sparkserve start`, DRY_RUN=1: the command printed,
+nothing started) inside a pair of network namespaces (root only): the interfaces, addresses and
+carrier states are real, and so is the one line on a refusal."""
 
 from __future__ import annotations
 
 import os
+import shlex
 import subprocess
 import sys
+import tempfile
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
 from sparkserve.cluster.link import cluster_exports
-from sparkserve.launch.shell import read_records
 from support import netns
 
 SRC = Path(__file__).resolve().parents[2] / "src"
@@ -31,51 +34,69 @@ def test_one_node_needs_no_link() -> None:
     assert cluster_exports(one) == {"CLUSTER_HOST_IP": ""}
 
 
-def _resolve_in(
-    pair: netns.NodePair, namespace: str, **knobs: str
-) -> subprocess.CompletedProcess[str]:
+@dataclass(frozen=True)
+class Started:
+    """What the start step did: its status, and its one line when it refused."""
+
+    done: subprocess.CompletedProcess[str]
+    refusal: str
+
+
+def _resolve_in(pair: netns.NodePair, namespace: str, **knobs: str) -> Started:
     env = {
         "PATH": os.environ["PATH"], "PYTHONPATH": str(SRC), "GPU_MEM": "0.3",
-        "OS_RESERVE_GB": "4", "CLUSTER_NODES": "2", **knobs,
+        "OS_RESERVE_GB": "4", "CLUSTER_NODES": "2", "DRY_RUN": "1", **knobs,
     }  # fmt: skip
-    argv = ["env", *(f"{k}={v}" for k, v in env.items()), sys.executable, "-m", "sparkserve",
-            "knobs", "resolve", "--launcher", "dflash", "--prog", "serve.sh",
-            "--pid", "1"]  # fmt: skip
-    return pair.run(namespace, *argv, check=False)
+    with tempfile.TemporaryDirectory() as work:  # the namespaces share this filesystem
+        records = Path(work) / "records"
+        argv = ["env", *(f"{k}={v}" for k, v in env.items()), sys.executable, "-m", "sparkserve",
+                "start", "--launcher", "dflash", "--prog", "serve.sh", "--pid", "1",
+                "--records", str(records)]  # fmt: skip
+        done = pair.run(namespace, *argv, check=False)
+        refusal = records.read_text() if done.returncode != 0 and records.exists() else ""
+    return Started(done, refusal)
 
 
-def _command(plan: object) -> subprocess.CompletedProcess[str]:
-    """The launcher's second step, outside the namespaces: it reads only the plan."""
-    assert isinstance(plan, str)
-    return subprocess.run(
-        [sys.executable, "-m", "sparkserve", "knobs", "command", "--prog", "serve.sh"],
-        input=plan, env={"PATH": os.environ["PATH"], "PYTHONPATH": str(SRC)},
-        capture_output=True, text=True, timeout=60,
-    )  # fmt: skip
+@dataclass(frozen=True)
+class DryRun:
+    env: dict[str, str]  # vLLM's environment
+    watch: list[str]  # the pair watch's command
+    argv: list[str]  # vLLM's arguments
 
 
-def _variables(done: subprocess.CompletedProcess[str]) -> dict[str, object]:
-    """What the launcher's set_variables reads from the step's output."""
-    assert done.returncode == 0, done.stderr
-    return dict(read_records(done.stdout.encode()))
+def _dry_run(started: Started) -> DryRun:
+    """The start the step printed (DRY_RUN=1)."""
+    assert started.done.returncode == 0, started.done.stderr + started.refusal
+    env, watch, argv = {}, [], []
+    for line in started.done.stdout.splitlines():
+        kind, _, rest = line.partition(": ")
+        if kind == "env":
+            name, _, value = rest.partition("=")
+            env[name] = shlex.split(value)[0] if value else ""
+        elif kind == "watch":
+            watch = shlex.split(rest)
+        elif kind == "exec":
+            argv = shlex.split(rest)[2:]
+    return DryRun(env, watch, argv)
 
 
-def _head(pair: netns.NodePair, **knobs: str) -> subprocess.CompletedProcess[str]:
+def _host_ip(run: DryRun) -> str:
+    return run.watch[run.watch.index("--host-ip") + 1]
+
+
+def _head(pair: netns.NodePair, **knobs: str) -> Started:
     return _resolve_in(pair, pair.head, **{"CLUSTER_RANK": "0",
                        "CLUSTER_HEAD_ADDR": pair.head_ip, "CLUSTER_IFACE": pair.head_if,
                        **knobs})  # fmt: skip
 
 
 def test_the_head_and_the_worker_find_their_address_on_the_link(pair: netns.NodePair) -> None:
-    head = _variables(_head(pair, CLUSTER_JOIN_TIMEOUT_S="600.5"))
-    assert head["CLUSTER_HOST_IP"] == pair.head_ip
-    assert "--host-ip" in head["WATCH_ARGS"]  # type: ignore[operator]
-    command = _variables(_command(head["LAUNCH_PLAN"]))
-    argv = command["VLLM_ARGS"]
-    assert isinstance(argv, list)
+    head = _dry_run(_head(pair, CLUSTER_JOIN_TIMEOUT_S="600.5"))
+    assert _host_ip(head) == pair.head_ip
+    argv = head.argv
     assert argv[argv.index("--distributed-timeout-seconds") + 1] == "601"
-    assert f"VLLM_HOST_IP={pair.head_ip}" in command["VLLM_ENV"]  # type: ignore[operator]
-    worker = _variables(
+    assert head.env["VLLM_HOST_IP"] == pair.head_ip
+    worker = _dry_run(
         _resolve_in(
             pair,
             pair.worker,
@@ -84,7 +105,7 @@ def test_the_head_and_the_worker_find_their_address_on_the_link(pair: netns.Node
             CLUSTER_IFACE=pair.worker_if,
         )
     )
-    assert worker["CLUSTER_HOST_IP"] == pair.worker_ip
+    assert _host_ip(worker) == pair.worker_ip
 
 
 @pytest.mark.parametrize(
@@ -111,8 +132,8 @@ def test_each_bad_link_knob_is_one_line(
 ) -> None:
     knobs = {name: value.format(worker_ip=pair.worker_ip) for name, value in change.items()}
     refused = _head(pair, **knobs)
-    assert (refused.returncode, refused.stdout) == (2, "")
-    assert refused.stderr.count("\n") == 1 and message in refused.stderr, refused.stderr
+    assert (refused.done.returncode, refused.done.stdout) == (2, ""), refused.done.stderr
+    assert "\n" not in refused.refusal and message in refused.refusal, refused.refusal
 
 
 def test_a_down_interface_and_one_without_an_address_are_refused() -> None:
@@ -120,7 +141,7 @@ def test_a_down_interface_and_one_without_an_address_are_refused() -> None:
     if reason:
         pytest.skip(reason)
     with netns.node_pair() as pair:
-        ok = _variables(
+        ok = _dry_run(
             _resolve_in(
                 pair,
                 pair.worker,
@@ -129,29 +150,29 @@ def test_a_down_interface_and_one_without_an_address_are_refused() -> None:
                 CLUSTER_IFACE=pair.worker_if,
             )
         )
-        assert ok["CLUSTER_HOST_IP"] == pair.worker_ip
+        assert _host_ip(ok) == pair.worker_ip
         pair.cut(pair.head)
         down = _resolve_in(pair, pair.head, CLUSTER_HEAD_ADDR=pair.head_ip,
                            CLUSTER_IFACE=pair.head_if)  # fmt: skip
-        assert (down.returncode, down.stdout) == (2, "")
-        assert down.stderr == (
+        assert (down.done.returncode, down.done.stdout) == (2, "")
+        assert down.refusal == (
             f"serve.sh: CLUSTER_IFACE='{pair.head_if}': the interface is down (bring it up: "
-            f"ip link set {pair.head_if} up)\n"
+            f"ip link set {pair.head_if} up)"
         )
         pair.wait_carrier(pair.worker, pair.worker_if, up=False)
         cable = _resolve_in(pair, pair.worker, CLUSTER_RANK="1", CLUSTER_HEAD_ADDR=pair.head_ip,
                             CLUSTER_IFACE=pair.worker_if)  # fmt: skip
-        assert cable.stderr == (
+        assert cable.refusal == (
             f"serve.sh: CLUSTER_IFACE='{pair.worker_if}': the interface is up but has no link "
-            "(no carrier: check the cable and the other machine's port)\n"
+            "(no carrier: check the cable and the other machine's port)"
         )
         pair.run(pair.head, "ip", "link", "set", pair.head_if, "up")
         pair.wait_carrier(pair.worker, pair.worker_if)
         pair.run(pair.worker, "ip", "addr", "flush", "dev", pair.worker_if)
         bare = _resolve_in(pair, pair.worker, CLUSTER_RANK="1", CLUSTER_HEAD_ADDR=pair.head_ip,
                            CLUSTER_IFACE=pair.worker_if)  # fmt: skip
-        assert bare.returncode == 2
-        assert bare.stderr.startswith(
+        assert bare.done.returncode == 2
+        assert bare.refusal.startswith(
             f"serve.sh: CLUSTER_IFACE='{pair.worker_if}' has no IPv4 address: give it one"
         )
-        assert bare.stderr.count("\n") == 1
+        assert "\n" not in bare.refusal
