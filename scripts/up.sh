@@ -33,10 +33,12 @@ services=("$@")
 (( ${#services[@]} > 0 )) || services=(sparkserve)
 compose=(docker compose "${compose_options[@]}")
 
-# launchers_line OUTPUT: the launcher's last line in what `compose run` printed (Compose's own
-# container lines may come after it), else the last line.
+# launchers_line OUTPUT [PATTERN]: from what `compose run` printed, the launcher's last line
+# that matches PATTERN (default: any of its lines), else the last line. Compose copies the
+# container's stdout and stderr separately, so their lines can interleave out of order, and its
+# own container lines may come last.
 launchers_line() {
-  awk 'NF { last = $0 } /^(serve|mtp_serve)\.sh: / { mine = $0 }
+  awk -v want="${2:-}" 'NF { last = $0 } /^(serve|mtp_serve)\.sh: / && $0 ~ want { mine = $0 }
        END { print (mine != "" ? mine : last) }' <<<"$1"
 }
 
@@ -51,6 +53,6 @@ for service in "${services[@]}"; do
     launchers_line "${said}" >&2
     exit "${status}"
   fi
-  launchers_line "${said}" >&2  # that every check passed
+  launchers_line "${said}" 'strict dry run: ' >&2  # that every check passed
 done
 exec "${compose[@]}" up -d "${services[@]}"
