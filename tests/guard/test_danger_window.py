@@ -25,6 +25,7 @@ import pytest
 from test_guard import ENV, HANG_S, REPO, fake_vllm
 
 from sparkserve.guard.danger import DANGER_S
+from sparkserve.guard.keeper import HUNG_AFTER_S
 from sparkserve.knobs.registry import BY_NAME
 from sparkserve.memory.host import GIB
 from support.memory_cgroup import MemoryCgroup, memory_cgroup
@@ -255,4 +256,5 @@ def test_a_hung_state_file_disk_never_delays_a_reading(tmp_path: Path) -> None:
         guard.wait()
     print(f"{len(gaps) + 1} readings in 3 s with the state file's disk hung; largest gap "
           f"{max(gaps):.2f} s")  # fmt: skip
-    assert len(gaps) >= 5 and max(gaps) < 1.0
+    # the behaviour: readings go on, none late enough for the keeper to call the guard hung
+    assert len(gaps) >= 5 and max(gaps) < HUNG_AFTER_S
