@@ -38,6 +38,7 @@ ensure_venv() {
   key="$(content_key "${python}" "${SPARKSERVE_REQUIREMENTS}/bootstrap.lock" "$@")"
   dir="${cache}/venv-${name}-${key}"
   if [[ -f "${dir}/.complete" ]]; then
+    touch "${dir}/.complete" # marks it in use, so another key's build keeps it
     log "venv ${name}: reusing ${dir}"
     printf '%s\n' "${dir}"
     return 0
@@ -52,8 +53,17 @@ ensure_venv() {
     printf '%s\n' "${dir}"
     return 0
   fi
-  # Venvs are not relocatable, so build in place; older keys of this venv are dropped.
-  rm -rf "${dir}" "${cache}/venv-${name}-"*
+  # Venvs are not relocatable, so build in place. Other keys of this venv are dropped once
+  # unused for a day: another checkout (a branch with other pins) may be running on one now,
+  # and a half-built one is dead (its builder would hold the lock we hold).
+  rm -rf "${dir}"
+  local other
+  for other in "${cache}/venv-${name}-"*; do
+    [[ -d "${other}" ]] || continue
+    if [[ ! -f "${other}/.complete" ]] || [[ -n "$(find "${other}/.complete" -mmin +1440)" ]]; then
+      rm -rf "${other}"
+    fi
+  done
   log "venv ${name}: building ${dir} (first run on this machine or pins changed)"
   started=${SECONDS}
   "${python}" -m venv "${dir}"

@@ -228,7 +228,12 @@ import os, signal, sys, time
 from pathlib import Path
 from sparkserve.command_line import sigterm_when_parent_dies
 mark = Path(sys.argv[1])
-signal.signal(signal.SIGTERM, lambda *_: (mark.write_text("SIGTERM"), os._exit(0)))
+partial = mark.with_name(mark.name + ".partial")
+# Written whole, then renamed: the test polls for the mark and must never read it half-written.
+signal.signal(
+    signal.SIGTERM,
+    lambda *_: (partial.write_text("SIGTERM"), partial.replace(mark), os._exit(0)),
+)
 print(sigterm_when_parent_dies(os.getppid()), flush=True)
 time.sleep(30)
 """
