@@ -242,3 +242,34 @@ def second_server(second_server_once: ServerOnce) -> VllmServer:
     """mtp_serve.sh with the tiny target's MTP layer, prefix caching, the bf16 head kept and
     SECOND_SERVER_KV_BYTES of KV."""
     return second_server_once.get()
+
+
+# Where the wall time goes: each group's summed test time and the process that ran it, printed
+# after the run (the suite's bound is on wall time, and one group runs in one process, so the
+# longest group is a floor under it).
+GROUP_SECONDS: dict[str, float] = {}
+GROUP_PROCESS: dict[str, str] = {}
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    group = group_of(report.nodeid)
+    GROUP_SECONDS[group] = GROUP_SECONDS.get(group, 0.0) + report.duration
+    node = getattr(report, "node", None)  # set on the controller for a worker's report
+    GROUP_PROCESS[group] = node.gateway.id if node is not None else "main"
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    if os.environ.get("PYTEST_XDIST_WORKER") or not GROUP_SECONDS:
+        return  # the controller prints it once, from every process's reports
+    per_process: dict[str, float] = {}
+    for group, seconds in GROUP_SECONDS.items():
+        process = GROUP_PROCESS[group]
+        per_process[process] = per_process.get(process, 0.0) + seconds
+    terminalreporter.write_sep("=", "time per test group (summed test time, process)")
+    longest = sorted(GROUP_SECONDS.items(), key=lambda item: -item[1])[:8]
+    for group, seconds in longest:
+        terminalreporter.write_line(f"{seconds:8.1f} s  {GROUP_PROCESS[group]:5}  {group}")
+    terminalreporter.write_line(
+        "per process: "
+        + ", ".join(f"{name} {seconds:.0f} s" for name, seconds in sorted(per_process.items()))
+    )
