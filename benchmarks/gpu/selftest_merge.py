@@ -18,7 +18,7 @@ import sys
 import tarfile
 from pathlib import Path
 
-from sparkserve.selftest import checks, run
+from sparkserve.client import checks, run
 
 
 def read_run(path: Path) -> dict:

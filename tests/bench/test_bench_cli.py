@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from sparkserve.bench.cli import parse_kinds
+from sparkserve.client.prompts import parse_kinds
 from sparkserve.command_line import UsageError
 
 

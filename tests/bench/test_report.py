@@ -6,8 +6,9 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-from sparkserve.bench.report import WHICH_IS_WHICH, markdown, nan_for_none, plot
+from sparkserve.bench.report import WHICH_IS_WHICH, markdown, plot
 from sparkserve.client import metrics
+from sparkserve.output.plots import nan_for_none
 
 
 def test_no_speculative_counters_means_n_a() -> None:

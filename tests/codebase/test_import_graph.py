@@ -1,6 +1,8 @@
 """The package's import graph, read from the source (every import, at the top or inside a
 function): no module imports itself back through others, and no package does either, so that
-a subpackage never reaches up to a module that depends on it."""
+a subpackage never reaches up to a module that depends on it; and no tool (a command a user
+runs to judge or load a server) uses another tool as its library: what two tools share lives
+in a package below both (client/, server/, output/)."""
 
 from __future__ import annotations
 
@@ -89,6 +91,36 @@ def test_no_package_imports_itself_back() -> None:
         mine = unit(module)
         units.setdefault(mine, set()).update(unit(t) for t in targets if unit(t) != mine)
     assert cycle(units) is None
+
+
+# The tools: each is a command; none imports another.
+TOOL_NAMES = ("bench", "doctor", "plan", "selftest", "stress", "tune", "verify")
+TOOLS = frozenset(f"{PACKAGE}.{name}" for name in TOOL_NAMES)
+
+
+def tool_imports(edges: dict[str, set[str]]) -> list[str]:
+    """Each import of one tool's module by another tool's module, as "a -> b"."""
+    return sorted(
+        f"{module} -> {target}"
+        for module, targets in edges.items()
+        for target in targets
+        if unit(module) in TOOLS and unit(target) in TOOLS and unit(module) != unit(target)
+    )
+
+
+def test_no_tool_imports_another_tool() -> None:
+    """tune runs the stress command through the CLI's own parser (sparkserve.cli), as a user
+    types it: that is the command, not stress's functions, and the root is no tool."""
+    assert tool_imports(graph()) == []
+
+
+def test_the_layering_rule_finds_a_tool_importing_a_tool() -> None:
+    edges = {
+        f"{PACKAGE}.verify.cli": {f"{PACKAGE}.tune.restarts", f"{PACKAGE}.client.checks"},
+        f"{PACKAGE}.tune.restarts": set(),
+        f"{PACKAGE}.client.checks": set(),
+    }
+    assert tool_imports(edges) == [f"{PACKAGE}.verify.cli -> {PACKAGE}.tune.restarts"]
 
 
 @pytest.mark.parametrize(

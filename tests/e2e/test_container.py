@@ -108,7 +108,7 @@ import pytest
 from sparkserve.bench.benchy.report import row_name
 from sparkserve.launch.settings import resolve_settings
 from sparkserve.launch.versions import read_versions
-from sparkserve.tune.driver import ComposeDriver
+from sparkserve.server.driver import ComposeDriver
 from support.compose_project import (
     REPO,
     ComposeError,

@@ -18,7 +18,7 @@ import psutil
 import pytest
 
 from sparkserve.memory.host import GIB, read_meminfo
-from sparkserve.tune.driver import process_environ
+from sparkserve.server.driver import process_environ
 from support.cpu_launch import EAGER, launcher_server
 from support.memory_cgroup import MemoryCgroup, memory_cgroup
 from support.vllm_server import VllmServer, stop_group_of, tail

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from sparkserve.tune.driver import process_environ
+from sparkserve.server.driver import process_environ
 from support.cpu_launch import launcher_server
 from support.vllm_server import VllmServer, stop_group_of, tail
 

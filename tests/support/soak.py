@@ -29,8 +29,7 @@ from typing import Any
 
 import psutil
 
-from sparkserve.bench import prompts
-from sparkserve.client import metrics
+from sparkserve.client import metrics, prompts
 from sparkserve.client.server import Server, StreamResult
 from sparkserve.guard.monitor import metrics_dir
 from sparkserve.guard.textfile import FILE_NAME

@@ -6,8 +6,8 @@ a feature the settings turn off is not tested and claims nothing, unless --check
 from __future__ import annotations
 
 from sparkserve import command_line as cl
+from sparkserve.client.checks import exit_status, mark, untested_claims
 from sparkserve.launch.settings import resolve_settings
-from sparkserve.selftest.checks import exit_status, mark, untested_claims
 from sparkserve.verify import cli, phases
 from sparkserve.verify.phases import Uses
 

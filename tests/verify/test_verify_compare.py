@@ -8,7 +8,7 @@ from __future__ import annotations
 import math
 
 from sparkserve import command_line as cl
-from sparkserve.selftest.checks import exit_status, mark
+from sparkserve.client.checks import exit_status, mark
 from sparkserve.verify import compare
 from sparkserve.verify.collect import Run, Score, SpecCounts
 

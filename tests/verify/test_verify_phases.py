@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from sparkserve.launch.settings import resolve_settings
-from sparkserve.tune.restarts import Restarter
+from sparkserve.server.restarts import Restarter
 from sparkserve.verify import phases
 from sparkserve.verify.phases import TOUCHED, Phase, Uses
 from support.recording_driver import Recording

@@ -19,15 +19,15 @@ from pathlib import Path
 from typing import Any
 
 from sparkserve import __version__
-from sparkserve.atomic_file import replace_text
-from sparkserve.bench.prompts import KINDS
 from sparkserve.bench.report import markdown
 from sparkserve.bench.run import Bench, BenchConfig
 from sparkserve.client import tool
+from sparkserve.client.bank import parse_bank
+from sparkserve.client.prompts import KINDS, parse_kinds
 from sparkserve.client.tool import UsageError, say
 from sparkserve.command_line import EXIT_OK, NumberOption
 from sparkserve.launch.settings import tool_settings
-from sparkserve.stress.bank import parse_bank
+from sparkserve.output.atomic_file import replace_text
 
 INF = math.inf
 NUMBER_OPTIONS: tuple[NumberOption, ...] = (
@@ -50,13 +50,6 @@ def own_options(parser: argparse.ArgumentParser) -> None:
         "--api", choices=("chat", "completions"), default="chat",
         help="the endpoint to send to (default chat: the model's chat template)",
     )  # fmt: skip
-
-
-def parse_kinds(text: str) -> tuple[str, ...]:
-    kinds = tuple(k.strip() for k in text.split(","))
-    if not text.strip() or any(k not in KINDS for k in kinds) or len(set(kinds)) != len(kinds):
-        raise UsageError(f"bad --kinds {text!r}: must be some of {','.join(KINDS)}, each once")
-    return kinds
 
 
 def _run(args: argparse.Namespace, env: Mapping[str, str]) -> int:

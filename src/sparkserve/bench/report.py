@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import math
 import statistics
 from pathlib import Path
 from typing import Any
 
-from sparkserve.atomic_file import replace_figure
+from sparkserve.output.atomic_file import replace_figure
+from sparkserve.output.plots import nan_for_none
 
 
 def _f(value: Any, digits: int = 2) -> str:
@@ -20,11 +20,6 @@ def _f(value: Any, digits: int = 2) -> str:
 
 def _pct(value: float | None) -> str:
     return "n/a" if value is None else f"{value * 100:.1f}%"
-
-
-def nan_for_none(values: list[float | None]) -> list[float]:
-    """A series to plot: a position no draft reached is a gap, not a zero."""
-    return [math.nan if v is None else v for v in values]
 
 
 def _median(values: list[float | None]) -> float | None:

@@ -14,8 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from sparkserve.bench import prompts
-from sparkserve.client import metrics
+from sparkserve.client import metrics, prompts
 from sparkserve.client.server import Server, ServerError, StreamResult
 from sparkserve.client.tool import RunAborted
 

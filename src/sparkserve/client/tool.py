@@ -16,12 +16,12 @@ from pathlib import Path
 from typing import Any
 
 from sparkserve import command_line as cl
-from sparkserve.atomic_file import replace_text
 from sparkserve.client.server import PreflightError, Server, ServerInfo
 from sparkserve.command_line import UsageError
 from sparkserve.knobs.registry import KnobError
 from sparkserve.launch.dotenv import DotenvError, with_dotenv
 from sparkserve.launch.settings import Settings
+from sparkserve.output.atomic_file import replace_text
 
 
 class RunAborted(RuntimeError):

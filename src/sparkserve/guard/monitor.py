@@ -47,7 +47,6 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from sparkserve.atomic_file import replace_text
 from sparkserve.command_line import (
     EXIT_BAD_INPUT,
     EXIT_OK,
@@ -70,6 +69,7 @@ from sparkserve.memory.cgroup import (
 )
 from sparkserve.memory.host import GIB, read_meminfo, read_swap_traffic
 from sparkserve.memory.pressure import PSI_MEMORY, read_pressure
+from sparkserve.output.atomic_file import replace_text
 
 # The record of a stop, under HF_HOME (the model-cache volume); the launcher gets the full
 # path as the start step (sparkserve start) reads it, doctor looks for it too.

@@ -25,10 +25,10 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from sparkserve.client.checks import Result, not_tested
 from sparkserve.client.server import Server, StreamResult
 from sparkserve.knobs.registry import BY_NAME, STOP_MARGIN_S, Launcher, image_of
 from sparkserve.recipes import LAUNCHER_SCRIPTS, launcher_dir
-from sparkserve.selftest.checks import Result, not_tested
 from sparkserve.selftest.models import Models
 
 SERVED_NAME = "selftest"

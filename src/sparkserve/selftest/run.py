@@ -3,7 +3,7 @@
 For the configured recipe (RECIPE, or `--recipe`; `--geometry tiny` for a CPU), models of its
 real geometry with no weights (sparkserve.selftest.models) are served by the project's own
 launchers, case by case (sparkserve.selftest.cases), with the shipped defaults; each server
-gets the same checks (sparkserve.selftest.checks), then the cases are compared: speculation
+gets the same checks (sparkserve.client.checks), then the cases are compared: speculation
 against no speculation, the int8 head against the bf16 head, greedy token by token.
 
 Progress goes to stderr while it runs; the end is a table on stdout and `selftest.json` (and
@@ -28,11 +28,12 @@ from typing import Any
 
 from sparkserve import command_line as cl
 from sparkserve import recipes
-from sparkserve.atomic_file import replace_text
+from sparkserve.client import checks
+from sparkserve.client.checks import as_json, exit_status, mark, untested_claims
 from sparkserve.knobs.registry import BY_NAME, image_of
 from sparkserve.memory.checkpoint import hf_home
-from sparkserve.selftest import cases, checks
-from sparkserve.selftest.checks import as_json, exit_status, mark, untested_claims
+from sparkserve.output.atomic_file import replace_text
+from sparkserve.selftest import cases
 from sparkserve.selftest.models import TINY, GeometryError, Models, keep_models, models_home
 
 DEFAULT_LAYERS = 8  # of a recipe's geometry: the drafter reads 8 target layers

@@ -22,15 +22,15 @@ from pathlib import Path
 from typing import Any
 
 from sparkserve import __version__
-from sparkserve.atomic_file import replace_text
 from sparkserve.client import metrics, tool
+from sparkserve.client.bank import default_bank, parse_bank, size_phases
 from sparkserve.client.server import PreflightError, ServerError
 from sparkserve.client.tool import UsageError, say
 from sparkserve.command_line import EXIT_FAILED, EXIT_OK, NumberOption
 from sparkserve.guard.monitor import MARKER_NAME, marker_path
 from sparkserve.launch.settings import tool_settings
+from sparkserve.output.atomic_file import replace_text
 from sparkserve.stress import pair_memory
-from sparkserve.stress.bank import default_bank, parse_bank, size_phases
 from sparkserve.stress.run import StressRun, kv_probe
 from sparkserve.stress.sampler import MemorySampler, Sample
 from sparkserve.stress.verdict import GuardStop, judge

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from sparkserve.atomic_file import replace_figure
+from sparkserve.output.atomic_file import replace_figure
 from sparkserve.stress.sampler import Sample
 
 

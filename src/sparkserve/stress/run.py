@@ -14,9 +14,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from sparkserve.client import metrics
+from sparkserve.client.bank import Phase
 from sparkserve.client.server import Server, ServerError, StreamResult
 from sparkserve.client.tool import RunAborted
-from sparkserve.stress.bank import Phase
 from sparkserve.stress.sampler import MemorySampler, Sample
 
 SEED_TEXT = (

@@ -26,25 +26,25 @@ from typing import Any
 
 from sparkserve import __version__
 from sparkserve import command_line as cl
-from sparkserve.atomic_file import replace_text
-from sparkserve.bench.prompts import KINDS
+from sparkserve.client.prompts import KINDS, parse_kinds
 from sparkserve.client.tool import say, write_report
 from sparkserve.guard.monitor import marker_path
 from sparkserve.knobs.registry import BY_NAME, KnobError
 from sparkserve.launch.settings import Settings, check_budget, check_recipe_fits, resolve_settings
 from sparkserve.memory import checkpoint
 from sparkserve.memory.host import GIB, read_meminfo
+from sparkserve.output.atomic_file import replace_text
 from sparkserve.recipes import RecipeError
-from sparkserve.tune import candidates as cand
-from sparkserve.tune import report, workload
-from sparkserve.tune.draft_loop import run_draft_loop
-from sparkserve.tune.driver_options import (
+from sparkserve.server.driver_options import (
     add_restart_options,
     guarded,
     prepare,
 )
+from sparkserve.server.restarts import Restarter, estimate_line, knob_lines
+from sparkserve.tune import candidates as cand
+from sparkserve.tune import report, workload
+from sparkserve.tune.draft_loop import run_draft_loop
 from sparkserve.tune.memory_loop import run_memory_loop, trials_as_dicts
-from sparkserve.tune.restarts import Restarter, estimate_line, knob_lines
 
 PROG = "sparkserve tune"
 
@@ -304,8 +304,6 @@ def _draft(args: argparse.Namespace, env: Mapping[str, str]) -> int:
     if args.prompts_file is not None:
         prompts = workload.file_prompts(args.prompts_file)
     else:
-        from sparkserve.bench.cli import parse_kinds
-
         prompts = workload.kind_prompts(parse_kinds(args.kinds), args.per_kind)
     server, info, out, driver, served = prepare(args, env, "tune-draft", "tune")
     default_restart = _default_restart_s(args, served)

@@ -8,7 +8,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from sparkserve.tune.restarts import Restarter, progress_line
+from sparkserve.server.restarts import Restarter, progress_line
 
 KNOB = "NUM_SPEC_TOKENS"  # the knob this loop changes
 

@@ -14,9 +14,9 @@ from pathlib import Path
 from typing import Any
 
 from sparkserve.command_line import EXIT_INTERRUPTED
+from sparkserve.server.driver import RestartFailed
+from sparkserve.server.restarts import Interrupted, Restarter, progress_line
 from sparkserve.tune.candidates import Candidate
-from sparkserve.tune.driver import RestartFailed
-from sparkserve.tune.restarts import Interrupted, Restarter, progress_line
 
 
 @dataclass

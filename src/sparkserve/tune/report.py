@@ -6,8 +6,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from sparkserve.atomic_file import replace_figure
-from sparkserve.bench.report import nan_for_none
+from sparkserve.output.atomic_file import replace_figure
+from sparkserve.output.plots import nan_for_none
 
 COLOURS = {"PASS": "#2a9d4b", "FAIL": "#c0392b", "REFUSED": "#999999", "NO-START": "#e08e0b"}
 

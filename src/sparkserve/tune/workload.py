@@ -11,8 +11,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from sparkserve.bench import prompts as bench_prompts
 from sparkserve.client import metrics
+from sparkserve.client import prompts as seeded_prompts
 from sparkserve.client.server import Server, StreamResult
 from sparkserve.client.tool import RunAborted
 from sparkserve.command_line import UsageError
@@ -28,7 +28,7 @@ class Prompt:
 
 def kind_prompts(kinds: tuple[str, ...], per_kind: int) -> list[Prompt]:
     return [
-        Prompt(bench_prompts.prompt(kind, v), f"{kind}#{v}")
+        Prompt(seeded_prompts.prompt(kind, v), f"{kind}#{v}")
         for kind in kinds
         for v in range(per_kind)
     ]

@@ -8,10 +8,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from sparkserve.client import checks
+from sparkserve.client.checks import Probe, Result, not_tested
 from sparkserve.knobs.registry import BY_NAME
 from sparkserve.launch.settings import Settings
-from sparkserve.selftest import checks
-from sparkserve.selftest.checks import Probe, Result, not_tested
 
 
 def probe_for(server: Any, model: str, settings: Settings, out: Path) -> Probe:

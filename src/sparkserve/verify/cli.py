@@ -28,10 +28,7 @@ from dataclasses import asdict, dataclass, field
 
 from sparkserve import __version__, recipes
 from sparkserve import command_line as cl
-from sparkserve.client.server import Server, ServerError
-from sparkserve.client.tool import say, write_report
-from sparkserve.recipes import RecipeError
-from sparkserve.selftest.checks import (
+from sparkserve.client.checks import (
     Result,
     as_json,
     exit_status,
@@ -39,13 +36,16 @@ from sparkserve.selftest.checks import (
     run_checks,
     untested_claims,
 )
-from sparkserve.tune.driver import RestartFailed
-from sparkserve.tune.driver_options import (
+from sparkserve.client.server import Server, ServerError
+from sparkserve.client.tool import say, write_report
+from sparkserve.recipes import RecipeError
+from sparkserve.server.driver import RestartFailed
+from sparkserve.server.driver_options import (
     add_restart_options,
     guarded,
     prepare,
 )
-from sparkserve.tune.restarts import Interrupted, Restarter
+from sparkserve.server.restarts import Interrupted, Restarter
 from sparkserve.verify import api, collect, compare, phases, report
 from sparkserve.verify.prompts import VERSION
 

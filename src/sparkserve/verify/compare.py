@@ -14,7 +14,7 @@ from __future__ import annotations
 import statistics
 from collections.abc import Mapping, Sequence
 
-from sparkserve.selftest.checks import NO_DRAFT, NO_INT8_HEAD, Result, not_tested
+from sparkserve.client.checks import NO_DRAFT, NO_INT8_HEAD, Result, not_tested
 from sparkserve.verify.collect import Run, Score, SpecCounts
 
 

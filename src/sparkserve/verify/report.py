@@ -7,8 +7,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from sparkserve.atomic_file import replace_figure
-from sparkserve.selftest.checks import Result, mark
+from sparkserve.client.checks import Result, mark
+from sparkserve.output.atomic_file import replace_figure
 
 
 def table(results: list[tuple[str, Result]]) -> str:

@@ -28,16 +28,16 @@ from typing import Any
 
 from sparkserve import __version__
 from sparkserve import command_line as cl
-from sparkserve.atomic_file import replace_text
 from sparkserve.bench.benchy import corpus, keyed, report
 from sparkserve.bench.benchy.profiles import PROFILES, Profile, parse_depths, profile_named
 from sparkserve.bench.benchy.run import Run, run_llama_benchy
 from sparkserve.client import tool
+from sparkserve.client.bank import parse_bank
 from sparkserve.client.server import Server, ServerError
 from sparkserve.client.tool import RunAborted, UsageError, say
 from sparkserve.knobs.registry import BY_NAME
 from sparkserve.launch.settings import Settings, tool_settings
-from sparkserve.stress.bank import parse_bank
+from sparkserve.output.atomic_file import replace_text
 
 DIST = "llama-benchy"
 # the chat template's tokens around a prompt: llama-benchy measures and subtracts them

@@ -9,7 +9,7 @@ import random
 from dataclasses import dataclass
 from pathlib import Path
 
-from sparkserve.bench.prompts import prose_paragraph
+from sparkserve.client.prompts import prose_paragraph
 
 # llama-benchy 0.4.0's default --book-url (Project Gutenberg's Sherlock Holmes)
 BOOK_URL = "https://www.gutenberg.org/files/1661/1661-0.txt"

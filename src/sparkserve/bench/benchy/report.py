@@ -9,9 +9,10 @@ import io
 from pathlib import Path
 from typing import Any
 
-from sparkserve.atomic_file import replace_figure
-from sparkserve.bench.report import nan_for_none, tokens_per_s_axes
+from sparkserve.bench.report import tokens_per_s_axes
 from sparkserve.client import metrics
+from sparkserve.output.atomic_file import replace_figure
+from sparkserve.output.plots import nan_for_none
 
 
 def join(benchmarks: list[dict[str, Any]], tests: list[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from sparkserve.tune.restarts import Restarter
+from sparkserve.server.restarts import Restarter
 from support.recording_driver import Recording
 
 

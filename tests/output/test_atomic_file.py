@@ -1,4 +1,4 @@
-"""sparkserve.atomic_file on real files: the mode kept, a new file made as open() would make
+"""sparkserve.output.atomic_file on real files: the mode kept, a new file made as open() would make
 it, a symlink's target replaced, and a write that fails (a full tmpfs, a file-size limit)
 leaving the old file as it was, with no temporary file behind."""
 
@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from sparkserve.atomic_file import replace_bytes, replace_text
+from sparkserve.output.atomic_file import replace_bytes, replace_text
 from support.tmpfs import tiny_tmpfs
 
 OLD = "API_KEY=secret\nHF_TOKEN=hf_abc\n"

@@ -1,10 +1,10 @@
-"""The concurrency bank and the request sizes of each level (sparkserve.stress.bank)."""
+"""The concurrency bank and the request sizes of each level (sparkserve.client.bank)."""
 
 from __future__ import annotations
 
 import pytest
 
-from sparkserve.stress.bank import BankError, default_bank, parse_bank, size_phases
+from sparkserve.client.bank import BankError, default_bank, parse_bank, size_phases
 
 
 def test_default_bank_is_1_2_3_and_one_over_max_num_seqs() -> None:

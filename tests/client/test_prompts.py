@@ -1,4 +1,4 @@
-"""The bench's prompts (sparkserve.bench.prompts): seeded, so two runs send the same bytes;
+"""The bench's prompts (sparkserve.client.prompts): seeded, so two runs send the same bytes;
 each kind well formed; the long prefix of the asked length, opened by its nonce."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import random
 
 import pytest
 
-from sparkserve.bench.prompts import (
+from sparkserve.client.prompts import (
     KINDS,
     TOOLS,
     agent_prompt,

@@ -9,7 +9,7 @@ import re
 from pathlib import Path
 
 from sparkserve import command_line as cl
-from sparkserve.selftest.checks import (
+from sparkserve.client.checks import (
     CALL_TEXT,
     CLEAR_MARGIN,
     arguments_fault,
@@ -88,7 +88,7 @@ def test_prefix_hits_below_the_mamba_block_are_counted_in_the_groups_common_divi
     assert hit_unit(DFLASH_LOG, 2240)[0] == 4480
 
 
-# The replies of a real vLLM server (tests/selftest/data/tool_replies.json says which)
+# The replies of a real vLLM server (tests/client/data/tool_replies.json says which)
 REPLIES = json.loads((Path(__file__).parent / "data" / "tool_replies.json").read_text())
 
 

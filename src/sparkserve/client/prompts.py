@@ -8,6 +8,8 @@ from __future__ import annotations
 import json
 import random
 
+from sparkserve.command_line import UsageError
+
 KINDS = ("prose", "code", "agent")
 
 _SUBJECTS = (
@@ -143,3 +145,11 @@ def long_prefix(chars: int, nonce: str) -> str:
         parts.append(paragraph)
         size += len(paragraph)
     return opening + "".join(parts)[: max(chars - len(opening), 0)]
+
+
+def parse_kinds(text: str) -> tuple[str, ...]:
+    """--kinds: some of KINDS, comma-separated, each once; UsageError (one line) otherwise."""
+    kinds = tuple(k.strip() for k in text.split(","))
+    if not text.strip() or any(k not in KINDS for k in kinds) or len(set(kinds)) != len(kinds):
+        raise UsageError(f"bad --kinds {text!r}: must be some of {','.join(KINDS)}, each once")
+    return kinds

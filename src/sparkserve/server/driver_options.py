@@ -19,8 +19,8 @@ from sparkserve.knobs.registry import Launcher
 from sparkserve.launch.dotenv import with_dotenv
 from sparkserve.launch.settings import Settings, resolve_settings
 from sparkserve.recipes import RecipeError
-from sparkserve.tune.driver import ComposeDriver, Driver, LauncherDriver, RestartFailed
-from sparkserve.tune.restarts import Interrupted, interruptible
+from sparkserve.server.driver import ComposeDriver, Driver, LauncherDriver, RestartFailed
+from sparkserve.server.restarts import Interrupted, interruptible
 
 Body = Callable[[argparse.Namespace, Mapping[str, str]], int]
 Run = Callable[[argparse.Namespace, Mapping[str, str] | None], int]

@@ -13,7 +13,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from types import FrameType
 
-from sparkserve.tune.driver import Driver
+from sparkserve.server.driver import Driver
 
 
 class Interrupted(Exception):
