@@ -25,11 +25,11 @@ def test_largest_is_the_last_hundredth_that_keeps_the_reserve(
     assert 0.0 <= largest <= 0.95
     if largest > 0:
         assert leaves_reserve(largest, reserve, total)
-        assert budget_problem(f"{largest:.2f}", str(reserve), total) is None
+        assert budget_problem(round(largest, 2), reserve, total) is None
     above = round(largest + 0.01, 2)
     if above <= 0.95:
         assert not leaves_reserve(above, reserve, total)
-        problem = budget_problem(f"{above:.2f}", str(reserve), total)
+        problem = budget_problem(above, reserve, total)
         assert problem is not None
         assert f"the largest GPU_MEM that keeps it is {largest:.2f}" in problem
 
@@ -37,8 +37,8 @@ def test_largest_is_the_last_hundredth_that_keeps_the_reserve(
 def test_an_exact_hundredth_boundary_is_kept() -> None:
     # 100 GiB less 18 GiB is GPU_MEM 0.82 to the byte: allowed, and the largest.
     assert largest_gpu_mem(18.0, 100 * GIB) == 0.82
-    assert budget_problem("0.82", "18", 100 * GIB) is None
-    assert budget_problem("0.83", "18", 100 * GIB) is not None
+    assert budget_problem(0.82, 18.0, 100 * GIB) is None
+    assert budget_problem(0.83, 18.0, 100 * GIB) is not None
 
 
 @pytest.mark.parametrize(("total_gib", "reserve"), CASES)

@@ -88,7 +88,7 @@ class Settings:
 
     def budget_problem(self, total_bytes: int) -> str | None:
         """Why GPU_MEM leaves the OS less than OS_RESERVE_GB here (one line), or None."""
-        return budget_problem(self["GPU_MEM"], self["OS_RESERVE_GB"], total_bytes)
+        return budget_problem(self.values.GPU_MEM, self.values.OS_RESERVE_GB, total_bytes)
 
     def models(self) -> list[tuple[str, str]]:
         """(knob, checkpoint) of every model vLLM will load: the target, and the drafter

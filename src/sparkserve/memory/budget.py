@@ -66,15 +66,14 @@ def largest_gpu_mem(reserve_gib: float, total_bytes: int) -> float:
     return hundredths / 100
 
 
-def budget_problem(gpu_mem: str, reserve_gib: str, total_bytes: int) -> str | None:
-    """Why GPU_MEM leaves the OS less than OS_RESERVE_GB (one line), or None when it does not.
-    The arguments are the knobs' validated values."""
-    share, reserve = float(gpu_mem), float(reserve_gib)
+def budget_problem(share: float, reserve: float, total_bytes: int) -> str | None:
+    """Why GPU_MEM (`share`) leaves the OS less than OS_RESERVE_GB (`reserve`, GiB) (one
+    line), or None when it does not. The arguments are the knobs' typed values."""
     if leaves_reserve(share, reserve, total_bytes):
         return None
     return (
-        f"GPU_MEM={gpu_mem}: {share:.2f} of {total_bytes / GIB:.1f} GiB leaves "
+        f"GPU_MEM={share:g}: {share:.2f} of {total_bytes / GIB:.1f} GiB leaves "
         f"{os_left_bytes(share, total_bytes) / GIB:.1f} GiB to the OS, less than "
-        f"OS_RESERVE_GB={reserve_gib}; the largest GPU_MEM that keeps it is "
+        f"OS_RESERVE_GB={reserve:g}; the largest GPU_MEM that keeps it is "
         f"{largest_gpu_mem(reserve, total_bytes):.2f}"
     )

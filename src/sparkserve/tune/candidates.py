@@ -71,7 +71,7 @@ def plan_refusal(
 ) -> str | None:
     """Why the plan says `value` cannot fit on this machine (one line), or None."""
     if knob == "GPU_MEM":
-        return budget_problem(value, f"{reserve_gib:g}", total_bytes)
+        return budget_problem(float(value), reserve_gib, total_bytes)
     pool = float(value) * GIB
     left = total_bytes - pool - weights_bytes - DEFAULT_OVERHEAD_GIB * GIB
     if left < reserve_gib * GIB:
