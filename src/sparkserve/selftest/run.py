@@ -30,7 +30,8 @@ from sparkserve import command_line as cl
 from sparkserve import recipes
 from sparkserve.client import checks
 from sparkserve.client.checks import as_json, exit_status, mark, untested_claims
-from sparkserve.knobs.registry import BY_NAME, image_of
+from sparkserve.knobs.registry import BY_NAME, KnobError
+from sparkserve.launch.settings import resolve_settings
 from sparkserve.memory.checkpoint import hf_home
 from sparkserve.output.atomic_file import replace_text
 from sparkserve.selftest import cases
@@ -56,8 +57,11 @@ def serve_case(
     report_dir = out / f"{case.name}-head"
     shutil.rmtree(report_dir, ignore_errors=True)
     key = secrets.token_hex(12)
-    base = dict(os.environ, **({} if geometry == TINY else {"RECIPE": geometry}))
-    env = cases.case_env(case, models, base, cases.free_port(), key, report_dir)
+    env = cases.case_env(case, models, base_env(geometry), cases.free_port(), key, report_dir)
+    try:
+        served = resolve_settings(env, case.launcher).values  # as the launcher resolves them
+    except (KnobError, recipes.RecipeError) as error:  # the launcher would refuse: no start
+        return [checks.Result("healthy", False, f"the launcher would refuse: {error}")]
     running = cases.start(case, env, out / f"{case.name}.log")
 
     def progress(line: str) -> None:
@@ -74,12 +78,10 @@ def serve_case(
             speculative=case.speculative, head_report_dir=report_dir,
             int8_head=case.int8_head, cuda=cuda,
             kept_back=1 if case.launcher == "mtp" else 0,
-            metrics_open=env.get("METRICS_OPEN", BY_NAME["METRICS_OPEN"].default) == "1",
-            server_log=running.log, tool_format=model_tool_format(geometry),
-            tool_parser=env.get("TOOL_PARSER",
-                                BY_NAME["TOOL_PARSER"].default_for(case.launcher, image_of(env))),
+            metrics_open=served.METRICS_OPEN, server_log=running.log,
+            tool_format=model_tool_format(geometry), tool_parser=served.TOOL_PARSER,
         )  # fmt: skip
-        max_len = int(env["MAX_MODEL_LEN"])  # case_env always sets it
+        max_len = served.MAX_MODEL_LEN
         steps = [
             ("key", lambda: checks.check_key(probe)),
             ("completion", lambda: checks.check_completion(probe)),
@@ -93,17 +95,22 @@ def serve_case(
             ("speculation", lambda: checks.check_speculation(probe)),
             ("lm head", lambda: checks.check_head(probe)),
         ]
-        if not env.get("REASONING_PARSER", BY_NAME["REASONING_PARSER"].default):
+        if not served.REASONING_PARSER:
             steps = [step for step in steps if step[0] != "reasoning"]
         if not probe.tool_parser:  # TOOL_PARSER= : no tool calls served
             steps = [step for step in steps if not step[0].startswith("tool ")]
         results = [healthy, *checks.run_checks(probe, steps, progress)]
-        drain = int(env.get("SHUTDOWN_TIMEOUT_S") or BY_NAME["SHUTDOWN_TIMEOUT_S"].default)
-        stopped = cases.stop_with_a_stream_open(running, drain, max_len)
+        stopped = cases.stop_with_a_stream_open(running, served.SHUTDOWN_TIMEOUT_S, max_len)
         progress(f"{stopped.name}: {mark(stopped.ok)} {stopped.detail}")
         return [*results, stopped]
     finally:
         cases.kill(running)
+
+
+def base_env(geometry: str) -> dict[str, str]:
+    """The user's environment (compose's), with the geometry's recipe unless it is the tiny
+    model's."""
+    return dict(os.environ, **({} if geometry == TINY else {"RECIPE": geometry}))
 
 
 def model_tool_format(geometry: str) -> str:
