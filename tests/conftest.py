@@ -24,6 +24,7 @@ from typing import Any
 
 import pytest
 
+from support.compose_project import daemon_lock, sharing_the_daemon
 from support.cpu_launch import (
     EAGER,
     SECOND_SERVER_KV_BYTES,
@@ -65,21 +66,18 @@ ONE_PROCESS = (
 CLUSTER_PAIR = "tests/e2e/test_cluster_pair.py"
 SERVER_FIXTURES = {"shared_server", "second_server", "second_server_once"}
 CONTAINER_TESTS = "tests/e2e/test_container.py"
-# The modules on the suite's Docker Engine share the container test's process: its reboot
-# check restarts that daemon, which must not happen under another module's containers.
-DOCKER_MODULES = (
-    CONTAINER_TESTS,
-    "tests/e2e/test_container_pair.py",
-    "tests/e2e/test_selftest_container.py",
-)
+# The modules on the suite's Docker Engine. The container test's reboot check restarts that
+# daemon, so the others hold this run's daemon lock while they run (share_the_daemon) and the
+# reboot waits for it (support/compose_project.py, daemon_to_myself): they run in parallel
+# with the container test, the reboot alone.
+SHARING_THE_DAEMON = ("tests/e2e/test_selftest_container.py", "tests/e2e/test_container_pair.py")
+DOCKER_MODULES = (CONTAINER_TESTS, *SHARING_THE_DAEMON)
 
 
 def group_of(nodeid: str) -> str:
     """The test's group: tests of one group run in one process."""
     if nodeid.startswith(ONE_PROCESS):
         return ONE_PROCESS_GROUP
-    if nodeid.startswith(DOCKER_MODULES):
-        return CONTAINER_TESTS
     # a module's tests share its module fixtures (vLLM imported, models built): one process
     return nodeid.split("::")[0]
 
@@ -106,9 +104,10 @@ def pytest_itemcollected(item: pytest.Item) -> None:
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """In several processes the one-process group first, then the container test's group and
-    the two-node pair (the longest: each process starts with one of the three), the other
-    end-to-end modules, the rest; the group's hogs come last in it. In one process the
+    """In several processes the one-process group first, then the container test and the
+    two-node pair (the longest: each process starts with one of the three), the other modules
+    on the daemon (the first process free takes them, while the container test runs), the
+    other end-to-end modules, the rest; the group's hogs come last in it. In one process the
     container test comes first, before the session's servers start."""
     for item in items:
         uses_servers = SERVER_FIXTURES & set(getattr(item, "fixturenames", ()))
@@ -128,9 +127,9 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             )
     parallel = bool(os.environ.get("PYTEST_XDIST_WORKER"))
     order = (
-        [ONE_PROCESS_GROUP, CONTAINER_TESTS, CLUSTER_PAIR]
+        [ONE_PROCESS_GROUP, CONTAINER_TESTS, CLUSTER_PAIR, *SHARING_THE_DAEMON]
         if parallel
-        else [CONTAINER_TESTS, ONE_PROCESS_GROUP, CLUSTER_PAIR]
+        else [CONTAINER_TESTS, ONE_PROCESS_GROUP, CLUSTER_PAIR, *SHARING_THE_DAEMON]
     )
 
     def rank(item: pytest.Item) -> tuple[int, bool]:
@@ -141,6 +140,19 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         return len(order) + (not group.startswith("tests/e2e/")), hog
 
     items.sort(key=rank)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def share_the_daemon(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[None]:
+    """A module of SHARING_THE_DAEMON holds this run's daemon lock from before its containers
+    start until after they are removed (an autouse fixture: set up first, torn down last)."""
+    if not request.node.nodeid.startswith(SHARING_THE_DAEMON):
+        yield
+        return
+    with sharing_the_daemon(daemon_lock(tmp_path_factory.getbasetemp().parent)):
+        yield
 
 
 @pytest.fixture(scope="session")

@@ -113,6 +113,8 @@ from support.compose_project import (
     REPO,
     ComposeError,
     ComposeProject,
+    daemon_lock,
+    daemon_to_myself,
     docker,
     docker_time,
     install_shims,
@@ -133,6 +135,8 @@ PLAIN_REPO = "sparkserve-test/tiny-qwen3"
 DRAFTER_REPO = "sparkserve-test/tiny-dflash"
 API_KEY = "e2e-secret-key"
 HEALTHY_TIMEOUT_S = 600  # two cores shared with the rest of the suite
+# the other Docker modules (the selftest's, the pair's) run beside this one: at most theirs
+DAEMON_WAIT_S = 2400
 DRAIN_S = 15  # SHUTDOWN_TIMEOUT_S here: short, so that every stop costs little (test 8b)
 # The plain target's server (test 5's, then the crash, reboot and stop tests'): eager, and long
 # enough a context for test 8b's stream that outlasts the drain
@@ -1005,7 +1009,7 @@ def test_7_an_engine_that_dies_on_its_own_exits_non_zero(project: ComposeProject
 
 
 def test_8_a_daemon_restart_brings_a_running_server_back_and_not_a_stopped_one(
-    project: ComposeProject, refusing: ComposeProject
+    project: ComposeProject, refusing: ComposeProject, tmp_path_factory: pytest.TempPathFactory
 ) -> None:
     """The suite's dockerd stopped and started (a host reboot, as Docker sees it): the running
     server comes back healthy by itself; the one the user stopped (test 3b's) stays stopped.
@@ -1019,16 +1023,20 @@ def test_8_a_daemon_restart_brings_a_running_server_back_and_not_a_stopped_one(
     except ComposeError:  # run without test 3b: make its stopped server
         test_3b_a_knob_only_the_server_refuses_is_one_line_under_the_restart_policy(refusing)
     stopped_log = refusing.logs(SERVICE)
-    started = time.monotonic()
-    done = reboot_docker_engine()
-    if done.returncode == 3:
-        if os.environ.get("CI") == "true":
-            pytest.fail(f"CI=true and the daemon cannot be restarted: {done.stderr.strip()}")
-        pytest.skip(done.stderr.strip().splitlines()[-1])
-    assert done.returncode == 0, done.stderr
-    TIMINGS["daemon_restart_s"] = time.monotonic() - started
-    project.wait_healthy(SERVICE, HEALTHY_TIMEOUT_S)
-    TIMINGS["daemon_restart_to_healthy_s"] = time.monotonic() - started
+    # the other Docker modules of this run finish their containers first (tests/conftest.py)
+    lock = daemon_lock(tmp_path_factory.getbasetemp().parent)
+    with daemon_to_myself(lock, DAEMON_WAIT_S) as waited:
+        TIMINGS["daemon_wait_for_other_modules_s"] = waited
+        started = time.monotonic()
+        done = reboot_docker_engine()
+        if done.returncode == 3:
+            if os.environ.get("CI") == "true":
+                pytest.fail(f"CI=true and the daemon cannot be restarted: {done.stderr.strip()}")
+            pytest.skip(done.stderr.strip().splitlines()[-1])
+        assert done.returncode == 0, done.stderr
+        TIMINGS["daemon_restart_s"] = time.monotonic() - started
+        project.wait_healthy(SERVICE, HEALTHY_TIMEOUT_S)
+        TIMINGS["daemon_restart_to_healthy_s"] = time.monotonic() - started
     from openai import OpenAI
 
     client = OpenAI(base_url=f"http://127.0.0.1:{port_of(project)}/v1", api_key=API_KEY)

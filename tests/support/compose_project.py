@@ -12,6 +12,7 @@ test-only layer; `remove()` takes everything of it away.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import hashlib
 import json
 import os
@@ -19,6 +20,7 @@ import re
 import shutil
 import subprocess
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -295,6 +297,46 @@ def reboot_docker_engine() -> subprocess.CompletedProcess:
     script = (f"source {REPO}/scripts/lib/venv.sh && source {REPO}/scripts/lib/docker_engine.sh"
               " && reboot_docker_engine")  # fmt: skip
     return subprocess.run(["bash", "-c", script], capture_output=True, text=True, timeout=300)
+
+
+# The Docker modules run in parallel test processes on the suite's one daemon. The reboot check
+# (test_container.py's test 8) restarts that daemon: it takes this run's daemon lock for itself,
+# so it waits until no other module's containers run, and they wait while it restarts.
+def daemon_lock(run_dir: Path) -> Path:
+    """The lock file of this test run (run_dir: the folder every process's temp folder is in)."""
+    return run_dir / "suite-docker-daemon.lock"
+
+
+@contextlib.contextmanager
+def sharing_the_daemon(lock: Path) -> Iterator[None]:
+    """Held while a module's containers run on the daemon: no reboot meanwhile."""
+    with lock.open("a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_SH)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+@contextlib.contextmanager
+def daemon_to_myself(lock: Path, timeout_s: float) -> Iterator[float]:
+    """The daemon with no other module's containers on it; yields the seconds waited for it."""
+    started = time.monotonic()
+    with lock.open("a") as handle:
+        while True:
+            try:
+                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() - started > timeout_s:
+                    raise TimeoutError(
+                        f"other modules kept containers on the suite's daemon for {timeout_s:.0f} s"
+                    ) from None
+                time.sleep(1)
+        try:
+            yield time.monotonic() - started
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
 
 
 # The tests' project names end in the pid of the test process that owns them.
