@@ -118,3 +118,21 @@ def test_a_config_without_the_moe_shape_is_refused_by_name() -> None:
     config = {k: v for k, v in TINY.items() if k != "moe_intermediate_size"}
     with pytest.raises(StepBytesError, match="moe_intermediate_size"):
         geometry(config)
+
+
+def test_the_plan_reads_the_modelled_weights_where_the_checkpoint_is_not_here() -> None:
+    from argparse import Namespace
+
+    from sparkserve.plan.single import active_bytes
+    from sparkserve.plan.step_bytes import weights_per_step
+
+    config = json.loads(RECIPE.read_text())
+    step = step_bytes(geometry(config), quantization(config), head="bf16")
+    modelled = weights_per_step(config, "bf16")
+    assert modelled == int(step.total - step.by_kind["gdn_state"])
+    active, source = active_bytes(Namespace(active_gib=None), config, None, 67 * 2**30, "bf16")
+    assert active == modelled and "bf16 head" in source and "step_bytes" in source
+    # no quantization_config: a 16-bit count of an FP8 checkpoint would double it; no guess
+    bare = {k: v for k, v in config.items() if k != "quantization_config"}
+    assert weights_per_step(bare, "int8") is None
+    assert active_bytes(Namespace(active_gib=None), bare, None, 1, "int8")[0] is None

@@ -247,6 +247,20 @@ def step_bytes(
     )  # fmt: skip
 
 
+def weights_per_step(config: Mapping[str, Any], head: str) -> int | None:
+    """The weights one step reads at one stream (no KV, no state), for an integer-quantized
+    config this module models; None where it does not (no quantization_config it reads, or a
+    field missing): a 16-bit count of an FP8 checkpoint's geometry would double its bytes."""
+    try:
+        quant = quantization(config)
+        if quant is None:
+            return None
+        step = step_bytes(geometry(config), quant, head=head)
+    except (StepBytesError, KeyError, TypeError, ValueError):
+        return None
+    return int(step.total - step.by_kind["kv_cache"] - step.by_kind["gdn_state"])
+
+
 def kv_bytes_per_token(geo: Geometry) -> int:
     """KV bytes of one token of context over the full-attention layers (K and V)."""
     return geo.full_attention_layers * 2 * geo.kv_heads * geo.head_dim * geo.kv_bytes
