@@ -35,6 +35,15 @@
 #                            log, the command), verify.json, verify.png, verify_table.txt and
 #                            run.log as far as they are written; the exit status is verify's
 #                            once it ended, 0 while it runs on
+#   h200.sh decode-speed     the same install, then benchmarks/gpu/decode_speed.py: serve.sh
+#                            as the selftest's plain (int8 head) and bf16 cases start it, the
+#                            default recipe's geometry at LAYERS (48) layers with its int4
+#                            quantization_config and dummy weights, no speculation: decode tok/s
+#                            at STREAMS (1,2,4,8), prefill and cached-turn TTFT at PREFILL
+#                            (2048,8192,32768), the copy bandwidth, the bytes model beside each
+#                            figure; OUT/decode_speed.json and .png, the server logs as
+#                            OUT/decode_speed_logs.tgz. HEADS=int8 or HEADS=bf16 runs one head
+#                            (one call each, if one call's 600 s do not hold both)
 #
 # Every step prints its seconds; the host's own torch, triton and CUDA stay as they are.
 set -euo pipefail
@@ -175,6 +184,30 @@ selftest() {
   return "${status}"
 }
 
+decode_speed() {
+  local out="${OUT:?h200.sh: OUT names the folder whose files come back}" status=0
+  install
+  host_env
+  gpu_line "${out}"
+  step "decode-speed: ${LAYERS:-48} layers, heads ${HEADS:-int8,bf16}, streams ${STREAMS:-1,2,4,8}"
+  # what this host needs that the Spark image does not (as selftest)
+  HF_HOME="${ROOT}/hf" VLLM_USE_FLASHINFER_SAMPLER=0 \
+    EXTRA_ARGS="--additional-config '{\"gdn_prefill_backend\": \"triton\"}'" \
+    timeout -s INT -k 20 "$((585 - SECONDS))" python3 -u "${REPO}/benchmarks/gpu/decode_speed.py" \
+    --out "${ROOT}/decode" --layers "${LAYERS:-48}" --heads "${HEADS:-int8,bf16}" \
+    --streams "${STREAMS:-1,2,4,8}" --prefill "${PREFILL:-2048,8192,32768}" \
+    --gen-tokens "${GEN_TOKENS:-256}" --start-timeout-s "${START_TIMEOUT_S:-420}" || status=$?
+  local file
+  for file in decode_speed.json decode_speed.png; do
+    if [[ -f "${ROOT}/decode/${file}" ]]; then cp "${ROOT}/decode/${file}" "${out}/"; fi
+  done
+  if [[ -d "${ROOT}/decode/work" ]]; then
+    tar -C "${ROOT}/decode" -czf "${out}/decode_speed_logs.tgz" work
+  fi
+  step "decode-speed: exit ${status}"
+  return "${status}"
+}
+
 # SIGTERM to the server's process group (the launcher's pid, which verify keeps current in
 # the pid file), SIGKILL after 60 s
 stop_server() {
@@ -287,7 +320,8 @@ case "${1:-}" in
   selftest) selftest "${2:?h200.sh selftest CASES}" ;;
   verify) verify_gpu ;;
   verify-run) verify_run ;;
+  decode-speed) decode_speed ;;
   *) echo "h200.sh: ${1:-no command}: one of stash N, tests, starts CASES, selftest CASES," \
-       "verify" >&2
+       "verify, decode-speed" >&2
      exit 2 ;;
 esac

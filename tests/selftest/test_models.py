@@ -26,7 +26,9 @@ from sparkserve.selftest.models import (
 SPARK = "qwen3.5-122b-a10b"
 SHAPES = ("vocab_size", "hidden_size", "num_key_value_heads", "head_dim", "linear_num_key_heads",
           "linear_num_value_heads", "linear_key_head_dim", "linear_value_head_dim",
-          "mamba_ssm_dtype", "tie_word_embeddings")  # fmt: skip
+          "mamba_ssm_dtype", "tie_word_embeddings", "num_experts", "num_experts_per_tok",
+          "moe_intermediate_size", "shared_expert_intermediate_size",
+          "quantization_config")  # fmt: skip
 
 
 def test_a_recipe_geometry_keeps_every_shape_and_only_loses_layers(tmp_path: Path) -> None:

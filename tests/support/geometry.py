@@ -1,8 +1,9 @@
 """config.json files with the real geometry of the shipped models, for config-only checks.
 
 No weights: vLLM builds its engine configuration from config.json alone (`--load-format
-dummy` or no load at all). Numbers from ../shared/FACTS.md; the expert counts are not in
-FACTS.md and are a stated assumption (they do not change the KV or speculative config).
+dummy` or no load at all). Numbers from ../shared/FACTS.md; the MoE shape as the shipped recipe
+has it, with its sources (recipes/qwen3.5-122b-a10b.toml); it changes neither the KV nor the
+speculative config.
 """
 
 from __future__ import annotations
@@ -49,7 +50,7 @@ def target_config() -> dict:
         # (docs/MEMORY.md, "The dtypes"). Without it the state is bf16 and the geometry not a
         # Spark's: attention block 1216 instead of the logged 2240.
         "mamba_ssm_dtype": "float32",
-        # assumption: 256 routed experts, 8 per token, plus a shared expert
+        # 256 routed experts, 8 per token, plus a shared expert (the recipe's sources)
         "num_experts": 256,
         "num_experts_per_tok": 8,
         "moe_intermediate_size": 1024,

@@ -147,7 +147,10 @@ def make_pair_plan(args: argparse.Namespace, env: Mapping[str, str], layout: str
     drafter_per = drafter_per_node(drafter_split, sources.drafter_bytes)
     keep_bf16 = sources.settings.values.SPARK_KEEP_BF16_LMHEAD
     reclaims = reclaim_per_node(split) if not keep_bf16 else (0,) * nodes
-    active, active_source = active_bytes(args, sources.config, sources.found, sources.weights_bytes)
+    head = "bf16" if sources.settings.values.SPARK_KEEP_BF16_LMHEAD else "int8"
+    active, active_source = active_bytes(
+        args, sources.config, sources.found, sources.weights_bytes, head
+    )
     active_per = split.per_node(active, reads=True) if active is not None else (None,) * nodes
     plan = PairPlan(
         inputs=plan_inputs(args, sources) | {"CLUSTER_NODES": str(nodes), "CLUSTER_LAYOUT": layout},

@@ -53,6 +53,7 @@ from sparkserve.memory.kv import (
     VllmMissing,
     kv_geometry,
 )
+from sparkserve.plan.step_bytes import weights_per_step
 
 # Spark figures (docs/MEMORY.md, shared FACTS): LPDDR5X bandwidth on the datasheet and as
 # measured by others; the memory the OS sees.
@@ -137,7 +138,11 @@ def _resolve_inputs(args: argparse.Namespace, env: Mapping[str, str]) -> Setting
 
 
 def active_bytes(
-    args: argparse.Namespace, config: dict[str, Any], found: Weights | None, total: int
+    args: argparse.Namespace,
+    config: dict[str, Any],
+    found: Weights | None,
+    total: int,
+    head: str = "int8",
 ) -> tuple[int | None, str]:
     if args.active_gib is not None:
         return int(args.active_gib * GIB), "given (--active-gib)"
@@ -146,6 +151,12 @@ def active_bytes(
     if not (experts and per_token):
         return total, "all weights (a dense model)"
     if found is None or not found.expert_bytes:
+        modelled = weights_per_step(config, head)
+        if modelled is not None:
+            return modelled, (
+                f"a model of what one step reads: config.json's geometry and quantization, "
+                f"{per_token} of {experts} experts, {head} head (sparkserve.plan.step_bytes)"
+            )
         return None, "unknown: needs the checkpoint's files or --active-gib (an MoE)"
     idle = found.expert_bytes * (1 - int(per_token) / int(experts))
     return int(total - idle), f"weights less {experts - per_token} of {experts} experts"
@@ -333,7 +344,8 @@ def make_plan(args: argparse.Namespace, env: Mapping[str, str]) -> Plan:
     weights_bytes, source, total = sources.weights_bytes, sources.weights_source, sources.total
     overhead = int(args.overhead_gib * GIB)
     reclaim = 0 if settings.values.SPARK_KEEP_BF16_LMHEAD else lmhead_reclaim_bytes(config)
-    active, active_source = active_bytes(args, config, found, weights_bytes)
+    head = "bf16" if settings.values.SPARK_KEEP_BF16_LMHEAD else "int8"
+    active, active_source = active_bytes(args, config, found, weights_bytes, head)
     loaded = (weights_bytes, sources.drafter_bytes, reclaim)
     memory, problem = machine_memory(args, settings, total, loaded, active)
     plan = Plan(
