@@ -11,7 +11,6 @@ from pathlib import Path
 import pytest
 
 from sparkserve import command_line as cl
-from sparkserve.client.server import Server
 from sparkserve.client.checks import (
     CALL_TEXT,
     CLEAR_MARGIN,
@@ -26,6 +25,7 @@ from sparkserve.client.checks import (
     literal_regex,
     mark,
 )
+from sparkserve.client.server import Server
 
 
 def run(tokens: list[str], tops: list[dict[str, float]]) -> dict:
