@@ -8,18 +8,24 @@ import json
 import re
 from pathlib import Path
 
+import pytest
+
 from sparkserve import command_line as cl
 from sparkserve.client.checks import (
     CALL_TEXT,
     CLEAR_MARGIN,
+    Probe,
     arguments_fault,
+    check_head,
     compare_greedy,
     exit_status,
     hit_unit,
     judge_parsed_call,
     judge_tool_reply,
     literal_regex,
+    mark,
 )
+from sparkserve.client.server import Server
 
 
 def run(tokens: list[str], tops: list[dict[str, float]]) -> dict:
@@ -135,3 +141,28 @@ def test_the_call_text_regex_matches_exactly_the_call() -> None:
     for text in CALL_TEXT.values():
         assert re.fullmatch(literal_regex(text), text)
         assert not re.fullmatch(literal_regex(text), text + " ")
+
+
+def test_a_head_the_plugin_kept_bf16_is_not_tested_off_cuda_and_fails_on_cuda(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The int8 head switched off behind the settings: the plugin's own report (written by its
+    `_log`, as in the server) says it kept bf16. Off CUDA (the CPU, where its calibration may
+    choose bf16) a case that claims the int8 head is not tested, "no int8 head ran", exit 5;
+    on CUDA, where the int8 head must win, it fails. Never ok."""
+    from sparkserve.in_vllm.lmhead import plugin  # torch: imported here, as in the server
+
+    monkeypatch.setenv(plugin.REPORT_ENV, str(tmp_path))
+    plugin._log(plugin.HeadReport(path="bf16", reason="calibration: bf16 is faster here"))
+    for cuda, outcome, status in ((False, "not tested", cl.EXIT_NOT_TESTED),
+                                  (True, "FAILED", cl.EXIT_FAILED)):  # fmt: skip
+        probe = Probe(server=Server("http://127.0.0.1:9"), key="", model="m", speculative=False,
+                      head_report_dir=tmp_path, int8_head=True, cuda=cuda)  # fmt: skip
+        result = check_head(probe)
+        assert (mark(result.ok), result.claimed) == (outcome, True), result
+        assert exit_status([result]) == status
+    assert result.detail == "bf16: calibration: bf16 is faster here"
+    off_cuda = check_head(
+        Probe(Server("http://127.0.0.1:9"), "", "m", False, tmp_path, True, False)
+    )
+    assert off_cuda.detail.startswith("not tested: no int8 head ran; bf16: calibration")

@@ -4,7 +4,10 @@ through its launcher driver: a sound server passes every check but speculation, 
 weights leave untested (the drafter proposes, the target accepts nothing: exit 5), and is left
 as it was; a
 server whose int8 head has its row scales off by one row, and whose speculation accepts every
-draft (tests/cpu_shims faults), fails exactly those two checks, each named."""
+draft (tests/cpu_shims faults), fails exactly those two checks, each named; a server whose
+int8 head plugin keeps bf16 (as its calibration may off CUDA) and whose drafter never proposes,
+though its settings claim both, is not tested on either, with the distinct exit status and never
+"passed"."""
 
 from __future__ import annotations
 
@@ -106,6 +109,7 @@ def test_a_sound_server_passes_what_random_weights_can_test_and_is_left_as_it_wa
         head = found["int8 head vs bf16"]["data"]
         assert head["positions"] == 7 * int(GEN_TOKENS)  # every prompt, every generated token
         assert 0 < head["largest_delta"] <= head["max_delta"]
+        assert head["head_probe_identical"] is False and head["head_probe_positions"] > 0
         assert found["tool call"]["ok"] is None  # the tiny model serves no tool parser
         assert not found["tool call"]["claimed"]
         assert (out / "verify.png").read_bytes()[:8] == PNG_MAGIC
@@ -133,4 +137,39 @@ def test_a_broken_head_and_a_lossy_speculation_each_fail_by_name(
         head = found["int8 head vs bf16"]
         assert head["data"]["largest_delta"] > head["data"]["max_delta"], head
         assert "not the plain model's choice" in found["speculation vs plain"]["detail"]
+        assert served.knobs() == before and served.server.healthy()
+
+
+@pytest.mark.e2e
+def test_a_head_that_never_ran_and_a_drafter_that_never_proposed_are_not_tested(
+    tiny_models: dict[str, str], sparkserve_site: Path, tmp_path: Path
+) -> None:
+    with running(
+        tmp_path / "server", tiny_models, sparkserve_site, "bf16-head,no-drafts"
+    ) as served:
+        log = (tmp_path / "server" / "server.log").read_text(errors="replace")
+        assert "fault bf16-head" in log and "fault no-drafts" in log
+        before = served.knobs()
+        out = tmp_path / "verify"
+        # 4 tokens a prompt: what is judged here is which head ran and whether a draft was
+        # proposed, not the tokens (the server's start and three restarts take ~8 min loaded)
+        done = verify(served, out, "--checks", "speculation,head", "--gen-tokens", "4")
+        assert done.returncode == 5, done.stderr  # EXIT_NOT_TESTED, not 0 and not 1
+        named = "not tested: plain int8: speculation vs plain, bf16 head: int8 head vs bf16,"
+        assert named in done.stderr
+        assert "passed" not in done.stderr and "FAILED" not in done.stderr
+        found = results(out)
+        speculation, head = found["speculation vs plain"], found["int8 head vs bf16"]
+        assert speculation["ok"] is None and speculation["claimed"], speculation
+        assert speculation["detail"].startswith("not tested: no draft was proposed"), speculation
+        assert speculation["data"]["drafts"] == 0
+        assert head["ok"] is None and head["claimed"], head
+        assert head["detail"].startswith("not tested: no int8 head ran"), head
+        # the scores alone differ (a greedy run against teacher-forced scoring); the probe,
+        # one prefill in each setting, shows the same head
+        assert head["data"]["head_probe_identical"] is True, head
+        document = json.loads((out / "verify.json").read_text())
+        assert document["outcome"] == "not tested" and document["failed"] == []
+        assert "| plain int8 | speculation vs plain | not tested |" in done.stdout
+        assert "| bf16 head | int8 head vs bf16 | not tested |" in done.stdout
         assert served.knobs() == before and served.server.healthy()

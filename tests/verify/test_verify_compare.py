@@ -115,6 +115,31 @@ def test_int8_head_bit_identical_to_bf16_is_not_tested_and_keeps_verify_from_pas
     assert exit_status([result]) == cl.EXIT_NOT_TESTED != cl.EXIT_OK
 
 
+def probe(*logprobs: float) -> tuple[tuple[tuple[int, float], ...], ...]:
+    return tuple(((7, lp), (8, lp - 1.0)) for lp in logprobs)
+
+
+def test_int8_head_whose_probe_matches_the_bf16_heads_is_not_tested_though_scores_differ() -> None:
+    # the bf16 plugin path in both settings: the scores differ (a greedy run against
+    # teacher-forced scoring, up to 0.032 on the CPU) but the probes, one prefill each, do not
+    reference = {"a": run("a", [1, 2], logprobs=[-0.5, -1.0])}
+    scored = {"a": [top(1, -0.52), top(2, -0.99)]}
+    same = (probe(-0.25, -1.5), probe(-0.25, -1.5))
+    result = compare.int8_head(reference, scored, max_delta=0.1, probes=same)
+    assert result.ok is None and result.claimed and mark(result.ok) == "not tested"
+    assert result.detail.startswith("not tested: no int8 head ran; top-1 agreement 2 of 2")
+    assert "bit-identical to the bf16 head's (2 positions)" in result.detail
+    assert result.data["head_probe_identical"] is True
+    assert exit_status([result]) == cl.EXIT_NOT_TESTED
+    # the int8 head ran (its probe differs in the last bit): judged, and passed
+    ran = (probe(-0.25, -1.5), probe(-0.25, -1.5000001))
+    judged = compare.int8_head(reference, scored, max_delta=0.1, probes=ran)
+    assert judged.ok is True and judged.data["head_probe_identical"] is False
+    # and a broken one still fails
+    broken = compare.int8_head(reference, {"a": [top(1, -0.9), top(2, -1.0)]}, 0.1, ran)
+    assert broken.ok is False and exit_status([broken]) == cl.EXIT_FAILED
+
+
 def test_speculation_with_no_draft_proposed_is_not_tested_though_the_runs_agree() -> None:
     same = {"a": run("a", [1, 2, 3])}
     scores = {"a": [top(1), top(2), top(3)]}
@@ -126,13 +151,27 @@ def test_speculation_with_no_draft_proposed_is_not_tested_though_the_runs_agree(
         assert exit_status([result]) == cl.EXIT_NOT_TESTED
 
 
-def test_a_wrong_token_fails_speculation_whatever_the_counters_say() -> None:
+def test_a_wrong_token_fails_speculation_where_drafts_were_proposed_accepted_or_not() -> None:
     drafted, plain = {"a": run("a", [1, 9])}, {"a": run("a", [1, 2])}
     scores = {"a": [top(1), below(9, 1.5)]}
-    for counts in (DRAFTED, SpecCounts(0.0, 0.0)):
+    for counts in (DRAFTED, SpecCounts(30.0, 0.0)):  # accepted, and proposed but none accepted
         result = compare.speculation(drafted, plain, scores, TIE, counts)
-        assert result.ok is False
+        assert result.ok is False and mark(result.ok) == "FAILED", result
+        assert "not the plain model's choice" in result.detail
         assert exit_status([result]) == cl.EXIT_FAILED
+
+
+def test_a_drafter_that_never_proposes_is_not_tested_even_where_the_tokens_differ() -> None:
+    # no draft proposed: nothing speculative ran, so a difference is not speculation's; it is
+    # named in the detail, and the check is a claim not tested (exit 5), neither ok nor FAILED
+    drafted, plain = {"a": run("a", [1, 9])}, {"a": run("a", [1, 2])}
+    scores = {"a": [top(1), below(9, 1.5)]}
+    result = compare.speculation(drafted, plain, scores, TIE, SpecCounts(0.0, 0.0))
+    assert result.ok is None and result.claimed and mark(result.ok) == "not tested"
+    assert result.detail.startswith("not tested: no draft was proposed; 0 drafts"), result.detail
+    assert "1 of 2 tokens not the plain model's choice" in result.detail
+    assert result.data["wrong"] == 1
+    assert exit_status([result]) == cl.EXIT_NOT_TESTED
 
 
 def test_a_pass_reports_the_drafts_it_judged() -> None:

@@ -8,10 +8,11 @@ head, no speculation. A fixed, versioned prompt set (chat, code, tool use, a lon
 prefix) is sent as token ids, greedy, to each (docs/VERIFY.md). The server is left running
 with its starting setting, also when interrupted.
 
-Each check ends passed, FAILED, or not tested with the reason ("no int8 head ran": its
-log-probabilities are bit-identical to the bf16 head's; "no draft was proposed": vLLM's
-spec-decode counters did not move over the speculating runs). The settings claim what they turn
-on (the int8 head, speculation, prefix caching) and --checks claims what it names.
+Each check ends passed, FAILED, or not tested with the reason ("no int8 head ran": the int8
+head's setting gave prompt log-probabilities bit-identical to the bf16 head's; "no draft was
+proposed": vLLM's spec-decode counters did not move over the speculating runs). The settings
+claim what they turn on (the int8 head, speculation, prefix caching) and --checks claims what
+it names.
 
 Exit status: 0 every claimed check was tested and passed, 1 a check failed (named on stderr),
 5 nothing failed but a claimed check was not tested (named on stderr), 2 bad input or a server
@@ -101,6 +102,8 @@ class Collected:
     repeat_hits: float = 0.0
     # the spec-decode counters over the served greedy runs
     spec: collect.SpecCounts = field(default_factory=lambda: collect.SpecCounts(0.0, 0.0))
+    # the head's output on a fixed prompt in the bf16 head's and the int8 head's settings
+    head_probes: dict[str, collect.HeadProbe] = field(default_factory=dict)
 
 
 def _greedy_all(server: Server, model: str, prompts: list[collect.Rendered],
@@ -121,6 +124,8 @@ def _serve_phase(phase: phases.Phase, server: Server, model: str, prompts: list[
     else:
         runs()
     say(f"[verify] {phase.name}: {len(prompts)} prompts x {args.gen_tokens} greedy tokens")
+    if phase.name in (phases.BF16, phases.PLAIN) and "head" in checks and uses.int8_head:
+        got.head_probes[phase.name] = collect.head_probe(server, model, prompts[0])
     if phase.name == phases.SERVED and "prefix" in checks and uses.prefix_cache:
         shared = [p for p in prompts if p.prompt.shared_prefix]
 
@@ -177,7 +182,9 @@ def _verdicts(
     if "head" in checks and not uses.int8_head:
         found.append(_unused("int8 head vs bf16", "SPARK_KEEP_BF16_LMHEAD=1", "head" in named))
     elif "head" in checks:
-        verdict = compare.int8_head(got.runs[phases.BF16], got.scores[phases.BF16], max_delta)
+        probes = (got.head_probes.get(phases.BF16), got.head_probes.get(phases.PLAIN))
+        verdict = compare.int8_head(got.runs[phases.BF16], got.scores[phases.BF16], max_delta,
+                                    probes)  # fmt: skip
         found.append((phases.BF16, verdict))
     return found
 

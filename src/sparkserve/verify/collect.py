@@ -17,6 +17,7 @@ from sparkserve.verify.prompts import PROMPTS, Prompt, document
 # The long shared system message: at most this many tokens, and at most half the context
 DOCUMENT_TOKENS = 8192
 SCORE_TOP = 5  # log-probabilities a teacher-forced step asks for (vLLM allows 20 by default)
+HEAD_PROBE_TOKENS = 32  # prompt tokens whose log-probabilities show which head ran
 TOKEN_ID = "token_id:"
 
 
@@ -117,6 +118,36 @@ def score(server: Server, model: str, prompt: Rendered, run: Run) -> list[Score]
         rank, logprob = found[0] if found else (len(ranked) + 1, ranked[-1][0])
         scores.append(Score(token, logprob, rank, ranked[0][0]))
     return scores
+
+
+# per position, the top log-probabilities as (token id, log-probability), highest first
+HeadProbe = tuple[tuple[tuple[int, float], ...], ...]
+
+
+def head_probe(server: Server, model: str, prompt: Rendered) -> HeadProbe:
+    """The head's output on a fixed prompt, to tell which head a setting ran: the top
+    SCORE_TOP log-probabilities at each of the prompt's first HEAD_PROBE_TOKENS positions
+    (`prompt_logprobs`, which vLLM computes in one prefill that reads nothing from the prefix
+    cache: the same arithmetic on every start of the same model). Two settings that differ
+    only in the head give bit-identical probes exactly when both ran the same head."""
+    ids = list(prompt.ids[:HEAD_PROBE_TOKENS])
+    reply = server.request("/v1/completions", {
+        "model": model, "prompt": ids, "max_tokens": 1, "temperature": 0,
+        "prompt_logprobs": SCORE_TOP, "return_tokens_as_token_ids": True},
+        timeout_s=600)  # fmt: skip
+    found = reply["choices"][0].get("prompt_logprobs")
+    if not found:
+        raise ServerError("/v1/completions: no prompt_logprobs in the reply")
+    positions = []
+    for top in found[1:]:  # the first token has none
+        pairs = ((_probe_token(k), float(v["logprob"] if isinstance(v, dict) else v))
+                 for k, v in (top or {}).items())  # fmt: skip
+        positions.append(tuple(sorted(pairs, key=lambda p: (-p[1], p[0]))))
+    return tuple(positions)
+
+
+def _probe_token(key: str) -> int:
+    return _token(key) if key.startswith(TOKEN_ID) else int(key)
 
 
 @dataclass(frozen=True)

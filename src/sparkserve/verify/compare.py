@@ -15,7 +15,9 @@ import statistics
 from collections.abc import Mapping, Sequence
 
 from sparkserve.client.checks import NO_DRAFT, NO_INT8_HEAD, Result, not_tested
-from sparkserve.verify.collect import Run, Score, SpecCounts
+from sparkserve.verify.collect import HeadProbe, Run, Score, SpecCounts
+
+NO_ACCEPTED = "no drafted token was accepted"
 
 
 def first_divergence(run: Run, reference: Run) -> int | None:
@@ -46,9 +48,11 @@ def speculation(
     """Greedy speculation is exact: every token the speculating server emitted must be the
     plain server's greedy choice at that position (teacher-forced), or tie with it. The first
     place the two free runs part is reported with the plain run's margin there. `counts`: the
-    spec-decode counters over the speculating runs; where no draft was proposed, or none
-    accepted, the runs were the plain model's own and speculation is not tested (a wrong
-    token still fails)."""
+    spec-decode counters over the speculating runs. No draft proposed (a drafter that never
+    proposes): nothing speculative ran, so speculation is not tested, whatever the tokens (a
+    difference from the plain model is named in the detail, but it is not speculation's).
+    Drafts proposed: a wrong token fails, whether any draft was accepted or none; with no
+    wrong token and none accepted, no drafted token reached the output: not tested."""
     wrong, notes = [], []
     for name, scores in scored.items():
         bad = [i for i, s in enumerate(scores) if s.rank != 1 and s.gap > numeric_tie]
@@ -66,13 +70,16 @@ def speculation(
         name: first_divergence(drafted[name], plain[name]) for name in scored}}  # fmt: skip
     data["drafts"], data["accepted"] = counts.drafts, counts.accepted
     drafted = f"{counts.drafts:.0f} drafts, {counts.accepted:.0f} tokens accepted"
+    data["wrong"] = len(wrong)
+    if not counts.drafts:
+        detail = f"{drafted} over the runs judged ({'; '.join(wrong + notes)})"
+        return not_tested("speculation vs plain", NO_DRAFT, detail, claimed=True, data=data)
     if wrong:
         detail = f"{'; '.join(wrong)} ({drafted}; {'; '.join(notes)})"
         return Result("speculation vs plain", False, detail, data, claimed=True)
-    if not counts.drafts or not counts.accepted:
-        reason = NO_DRAFT if not counts.drafts else "no drafted token was accepted"
+    if not counts.accepted:
         detail = f"{drafted} over the runs judged ({'; '.join(notes)})"
-        return not_tested("speculation vs plain", reason, detail, claimed=True, data=data)
+        return not_tested("speculation vs plain", NO_ACCEPTED, detail, claimed=True, data=data)
     detail = f"every emitted token is the plain model's choice ({drafted}; {'; '.join(notes)})"
     return Result("speculation vs plain", True, detail, data, claimed=True)
 
@@ -81,11 +88,18 @@ def int8_head(
     reference: Mapping[str, Run],
     scored: Mapping[str, Sequence[Score]],
     max_delta: float,
+    probes: tuple[HeadProbe | None, HeadProbe | None] = (None, None),
 ) -> Result:
     """The int8 head scores the bf16 head's greedy tokens: at every position its own choice
     must be the bf16 head's, but where the bf16 head's margin is within 2 x max_delta (two
     log-probabilities each moved by max_delta can swap), and the chosen token's
-    log-probability may move by max_delta at most."""
+    log-probability may move by max_delta at most.
+
+    `probes`: the bf16 and the int8 setting's `collect.head_probe`, the same prefill in both.
+    Bit-identical, both ran the same head (the plugin kept bf16, as its calibration may off
+    CUDA): no int8 head ran, not tested. The scores alone cannot show it: a greedy run and
+    teacher-forced scoring of it take different paths (on the CPU two bf16 heads differ by
+    up to 0.032 between them)."""
     deltas, wrong, positions = [], [], 0
     for name, scores in scored.items():
         run = reference[name]
@@ -102,10 +116,19 @@ def int8_head(
               f"{largest:.4f}, mean {mean:.4f} (limit {max_delta:g})")  # fmt: skip
     data = {"agreement_by_position": agreement, "agreed": agreed, "positions": positions,
             "largest_delta": largest, "mean_delta": mean, "max_delta": max_delta}  # fmt: skip
-    if not positions or largest == 0.0:
-        # bit-identical log-probabilities: both servers ran the bf16 head (the plugin's
-        # calibration may pick bf16 off CUDA); there is no int8 head to judge
-        why = "bit-identical to bf16, see the server's log" if positions else "nothing scored"
+    bf16_probe, int8_probe = probes
+    same_head = bf16_probe is not None and bf16_probe == int8_probe
+    data["head_probe_positions"] = len(int8_probe) if int8_probe is not None else 0
+    data["head_probe_identical"] = same_head
+    if not positions or largest == 0.0 or same_head:
+        # both settings ran the bf16 head (the plugin's calibration may pick bf16 off CUDA):
+        # there is no int8 head to judge
+        why = "nothing scored"
+        if same_head:
+            why = (f"the int8 setting's prompt log-probabilities are bit-identical to the bf16 "
+                   f"head's ({len(bf16_probe or ())} positions), see the server's log")  # fmt: skip
+        elif positions:
+            why = "bit-identical to bf16, see the server's log"
         return not_tested("int8 head vs bf16", NO_INT8_HEAD, f"{detail}; {why}", True, data)
     if wrong:
         detail += f"; a clear choice changed at {', '.join(wrong[:3])}"

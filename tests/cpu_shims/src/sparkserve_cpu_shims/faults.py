@@ -11,8 +11,8 @@ runs. Test-only, like the rest of this plugin: never in an image.
 - ``no-drafts``: the scheduler drops every draft the drafter hands it, so no draft is
   proposed to the target, though speculation is configured.
 
-The last two reproduce docs/FINDINGS.md's "verify with a feature switched off behind its
-settings" (no test asserts them yet: verify cannot tell yet that no int8 head ran there).
+The last two switch a feature off behind its settings (docs/FINDINGS.md, "verify with a feature
+switched off behind its settings"): verify must call each "not tested", never passed.
 """
 
 from __future__ import annotations
