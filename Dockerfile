@@ -11,13 +11,15 @@
 #
 # Build arguments:
 #   CUDA_IMAGE      base of `spark`: a CUDA 13 devel image on Ubuntu 24.04 (vLLM's JIT kernels
-#                   and fastsafetensors need a compiler and headers at run time).
-#   CPU_BASE_IMAGE  base of `cpu`: Debian 12 (bookworm) or an image made from it.
+#                   and fastsafetensors need a compiler and headers at run time); pinned by
+#                   digest (scripts/lib/image_pins.py, run by the lint).
+#   CPU_BASE_IMAGE  base of `cpu`: Debian 12 (bookworm) or an image made from it; by tag only,
+#                   no digest known (scripts/lib/image_pins.py says why).
 #   PIP_INDEX_URL, PIP_EXTRA_INDEX_URL, PIP_FIND_LINKS, PIP_CERT
 #                   pip's own settings for the `cpu` install steps; the default extra index is
 #                   PyTorch's CPU wheel index (torch's +cpu builds are not on PyPI). Passed per
 #                   build, never stored in the image.
-ARG CUDA_IMAGE=nvidia/cuda:13.0.1-devel-ubuntu24.04
+ARG CUDA_IMAGE=nvidia/cuda:13.0.1-devel-ubuntu24.04@sha256:7d2f6a8c2071d911524f95061a0db363e24d27aa51ec831fcccf9e76eb72bc92
 ARG CPU_BASE_IMAGE=debian:bookworm-slim
 
 # ---------------------------------------------------------------------------------------------

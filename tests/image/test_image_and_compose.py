@@ -301,7 +301,11 @@ def test_dockerfile_defaults_are_the_registrys() -> None:
 
 def test_dockerfile_builds_what_the_project_pins() -> None:
     text = (REPO / "Dockerfile").read_text()
-    assert re.search(r"^ARG CUDA_IMAGE=nvidia/cuda:13\.\d+\.\d+-devel-ubuntu24\.04$", text, re.M)
+    assert re.search(
+        r"^ARG CUDA_IMAGE=nvidia/cuda:13\.\d+\.\d+-devel-ubuntu24\.04@sha256:[0-9a-f]{64}$",
+        text,
+        re.M,
+    )
     assert re.search(r"^ARG CPU_BASE_IMAGE=debian:bookworm-slim$", text, re.M)
     stages = dockerfile_stages()
     assert list(stages) == ["cpu", "spark"], "spark last: a plain `docker build` makes it"
@@ -358,3 +362,39 @@ def test_sparkserve_cli_lists_patches_and_knob_actions() -> None:
         [sys.executable, "-m", "sparkserve", "--help"], capture_output=True, text=True, env=env
     )
     assert done.returncode == 0 and "patch" in done.stdout and "knobs" in done.stdout
+
+
+def image_pins(repo: Path) -> subprocess.CompletedProcess[str]:
+    """scripts/lib/image_pins.py (the lint's check) on repo's Dockerfile and compose file."""
+    script = REPO / "scripts" / "lib" / "image_pins.py"
+    return subprocess.run([sys.executable, str(script), str(repo)], capture_output=True,
+                          text=True, timeout=60)  # fmt: skip
+
+
+def test_every_pulled_image_is_pinned_by_digest_or_listed_with_its_reason(tmp_path: Path) -> None:
+    """The lint's digest check passes on the repository and refuses, one line each, a pulled
+    image pinned by tag only and an exception that nothing uses any more."""
+    done = image_pins(REPO)
+    assert (done.returncode, done.stderr) == (0, ""), done.stderr
+    compose = (REPO / "docker-compose.yml").read_text()
+    dockerfile = (REPO / "Dockerfile").read_text()
+    assert compose.count("@sha256:") == 3, "prometheus, node-exporter and grafana"
+    (tmp_path / "docker-compose.yml").write_text(
+        re.sub(r"(image: grafana/grafana:11\.6\.0)@sha256:[0-9a-f]{64}", r"\1", compose)
+    )
+    (tmp_path / "Dockerfile").write_text(
+        dockerfile.replace(
+            "ARG CPU_BASE_IMAGE=debian:bookworm-slim", "ARG CPU_BASE_IMAGE=x@sha256:" + "0" * 64
+        )
+        + "FROM busybox:1.36 AS extra\n"
+    )
+    done = image_pins(tmp_path)
+    assert done.returncode == 1
+    assert done.stderr.splitlines() == [
+        "Dockerfile: busybox:1.36 is pinned by tag only: add @sha256:<its digest> (read from the "
+        "registry), or list it in scripts/lib/image_pins.py UNPINNED with the reason",
+        "docker-compose.yml: grafana/grafana:11.6.0 is pinned by tag only: add @sha256:<its "
+        "digest> (read from the registry), or list it in scripts/lib/image_pins.py UNPINNED "
+        "with the reason",
+        "image_pins.py: UNPINNED lists debian:bookworm-slim, which nothing uses",
+    ]
