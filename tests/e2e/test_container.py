@@ -717,6 +717,40 @@ def test_5a_a_new_named_volume_belongs_to_the_services_user() -> None:
         docker("volume", "rm", "-f", volume, check=False)
 
 
+def test_5a_a_reused_cache_works_as_its_owner_and_another_owner_is_one_line(
+    tmp_path: Path,
+) -> None:
+    """A host folder as MODEL_CACHE (a reused ~/.cache/huggingface): owned by the services'
+    user, the download passes and the user writes it with no capability; owned by someone
+    else, the download refuses in one line naming the owner to set as CACHE_UID/CACHE_GID
+    (exit 4), before anything else runs."""
+    image = os.environ["SPARKSERVE_CPU_IMAGE"]
+    results = {}
+    for owner in (CACHE_OWNER, (1234, 1234)):
+        cache = tmp_path / f"cache-{owner[0]}"
+        cache.mkdir()
+        os.chown(cache, *owner)
+        done = docker("run", "--rm", "--network", "none", "--user", "1000:1000",
+                      "--cap-drop", "ALL", "--security-opt", "no-new-privileges:true",
+                      "-e", "MODEL=/opt", "-e", "HF_OFFLINE=1",
+                      "-v", f"{cache}:/home/sparkserve/.cache/huggingface",
+                      "--entrypoint", "sh", image, "-c",
+                      'python3 -m sparkserve fetch && mkdir "$HF_HOME/hub"',
+                      check=False)  # fmt: skip
+        results[owner[0]] = (done.returncode, done.stderr.strip().splitlines())
+    assert results[1000] == (0, ["sparkserve fetch: MODEL /opt: a local folder, nothing to fetch"])
+    written = (tmp_path / "cache-1000" / "hub").stat()
+    assert (written.st_uid, written.st_gid) == CACHE_OWNER
+    assert results[1234] == (
+        4,
+        [
+            "sparkserve fetch: HF_HOME=/home/sparkserve/.cache/huggingface is not writable by this "
+            "user (1000:1000); it belongs to 1234:1234: set CACHE_UID=1234 and CACHE_GID=1234 "
+            "(compose runs every service as them), or give it to 1000:1000"
+        ],
+    ), results[1234]
+
+
 TUNED_POOL = "0.5"  # KV_CACHE_GB the tune tries: twice test 5's pool, within this machine
 
 
