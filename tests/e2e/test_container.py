@@ -751,6 +751,42 @@ def test_5a_a_reused_cache_works_as_its_owner_and_another_owner_is_one_line(
     ), results[1234]
 
 
+# docs/DOWNLOADS.md's command that gives a cache volume an earlier (root) image filled to the
+# services' user, once
+CHOWN_ONCE = ("run", "--rm", "--no-deps", "--user", "0", "--cap-add", "CHOWN",
+              "--entrypoint", "chown", f"{SERVICE}-fetch",
+              "-R", "1000:1000", "/home/sparkserve/.cache/huggingface")  # fmt: skip
+
+
+def test_5a_a_volume_an_earlier_root_image_filled_is_refused_until_given_to_the_user(
+    tmp_path: Path,
+) -> None:
+    """A model volume that a root image filled (root-owned): the fetch service refuses in one
+    line (exit 4) that points to DOWNLOADS.md; its command (compose run as root with CHOWN
+    only) gives the volume to the user once, and the fetch passes. No vLLM starts."""
+    project = ComposeProject(name=f"sparkserve-e2e-upgrade-{os.getpid()}", work=tmp_path)
+    project.write_env(MODEL="/opt", HF_OFFLINE="1")
+    project.remove()
+    try:
+        old = project.volume_path("hf-cache")  # made by root, as the volume an old image filled
+        (old / "hub").mkdir()
+        fetch = ("run", "--rm", "--no-deps", f"{SERVICE}-fetch")
+        refused = project.compose(*fetch, check=False)
+        assert refused.returncode == 4, refused.stderr
+        assert refused.stderr.strip().splitlines()[-1] == (
+            "sparkserve fetch: HF_HOME=/home/sparkserve/.cache/huggingface is not writable by "
+            "this user (1000:1000); it belongs to root (an earlier sparkserve image ran as "
+            "root): give it to 1000:1000 once, as root (docs/DOWNLOADS.md has the compose "
+            "command)"
+        )
+        project.compose(*CHOWN_ONCE)
+        assert (old.stat().st_uid, (old / "hub").stat().st_gid) == CACHE_OWNER
+        passed = project.compose(*fetch, check=False)
+        assert passed.returncode == 0, passed.stderr
+    finally:
+        project.remove()
+
+
 TUNED_POOL = "0.5"  # KV_CACHE_GB the tune tries: twice test 5's pool, within this machine
 
 

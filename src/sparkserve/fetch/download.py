@@ -156,6 +156,12 @@ def check_writable(hf_home: Path) -> None:
         return
     owner = hf_home.stat()
     uid, gid = os.getuid(), os.getgid()
+    if owner.st_uid == 0:  # a volume an earlier image, which ran as root, filled
+        raise FetchError(
+            f"HF_HOME={hf_home} is not writable by this user ({uid}:{gid}); it belongs to "
+            f"root (an earlier sparkserve image ran as root): give it to {uid}:{gid} once, as root "
+            "(docs/DOWNLOADS.md has the compose command)"
+        )
     raise FetchError(
         f"HF_HOME={hf_home} is not writable by this user ({uid}:{gid}); it belongs to "
         f"{owner.st_uid}:{owner.st_gid}: set CACHE_UID={owner.st_uid} and "
