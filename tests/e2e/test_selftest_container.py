@@ -73,7 +73,7 @@ def report(project: ComposeProject, out: str) -> dict:
 
 def test_the_selftest_passes_every_case_in_the_cpu_image(project: ComposeProject) -> None:
     code, stdout, stderr = selftest(project, "--recipe", "tiny", "--out",
-                                    "/root/.cache/huggingface/selftest-all")  # fmt: skip
+                                    "/home/sparkserve/.cache/huggingface/selftest-all")  # fmt: skip
     print(stdout)
     document = report(project, "selftest-all")
     assert document["failed"] == [], (stdout, stderr[-6000:])
@@ -115,7 +115,7 @@ def test_the_selftest_passes_every_case_in_the_cpu_image(project: ComposeProject
 
 def test_checks_broken_on_purpose_fail_and_are_named(project: ComposeProject) -> None:
     code, stdout, stderr = selftest(project, "--recipe", "tiny", "--cases", "plain", "--out",
-                                    "/root/.cache/huggingface/selftest-broken",
+                                    "/home/sparkserve/.cache/huggingface/selftest-broken",
                                     env={"PREFIX_CACHE": "0", "TOOL_PARSER": "hermes"})  # fmt: skip
     assert code == 1, (stdout, stderr[-4000:])
     last = stderr.strip().splitlines()[-1]

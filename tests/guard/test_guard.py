@@ -138,7 +138,9 @@ def fake_vllm(tmp_path: Path) -> tuple[dict[str, str], Path]:
     (bin_dir / "vllm").write_text(f"#!/bin/sh\necho $$ > {ran}\n")
     (bin_dir / "vllm").chmod(0o755)
     env = dict(ENV, PATH=f"{bin_dir}:{os.environ['PATH']}", OS_RESERVE_GB="4")
-    env.update(HF_HOME=str(tmp_path / "hf"), HF_OFFLINE="1", VLLM_TARGET_DEVICE="cpu")
+    env.update(
+        HF_HOME=str(tmp_path / "hf"), HF_OFFLINE="1", VLLM_TARGET_DEVICE="cpu", HOST="127.0.0.1"
+    )  # a host run beyond loopback needs API_KEY
     # checkpoints already on disk: the launcher's fetch step has nothing to download
     for knob in ("MODEL", "DRAFT_MODEL"):
         folder = tmp_path / knob.lower()

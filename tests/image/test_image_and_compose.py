@@ -89,13 +89,15 @@ def test_compose_default_service_passes_every_knob_only_when_set(project: Path) 
     assert not fetch.get("ports") and not fetch.get("healthcheck")
     assert not {"deploy", "ipc", "ulimits"} & set(fetch), "the download needs no GPU"
     for name in ("sparkserve", "sparkserve-fetch"):
-        assert_hardened(config["services"][name], ["DAC_OVERRIDE"])
+        assert_hardened(config["services"][name])
 
 
-def assert_hardened(service: dict, cap_add: list[str]) -> None:
-    """No setuid escalation; every capability dropped but those named (.compose-lint.yml)."""
+def assert_hardened(service: dict) -> None:
+    """Not root (the model cache's owner, 1000:1000 unless CACHE_UID/CACHE_GID say otherwise),
+    no capability at all, no setuid escalation."""
+    assert service["user"] == "1000:1000"
     assert service["security_opt"] == ["no-new-privileges:true"]
-    assert service["cap_drop"] == ["ALL"] and service["cap_add"] == cap_add
+    assert service["cap_drop"] == ["ALL"] and "cap_add" not in service
 
 
 def test_compose_profiles_in_the_env_file_make_every_command_see_the_cpu_services(
@@ -127,7 +129,7 @@ def test_compose_cpu_profile_runs_the_cpu_image_with_the_same_knobs(project: Pat
     # the cpu profile's knobs: weights, KV_CACHE_GB, the runtime and OS_RESERVE_GB (compose)
     assert int(service["mem_limit"]) == 11 * 2**30
     for name in ("sparkserve-cpu", "sparkserve-cpu-fetch"):
-        assert_hardened(config["services"][name], ["DAC_OVERRIDE"])
+        assert_hardened(config["services"][name])
 
 
 def test_compose_resources_limits_and_safety(project: Path) -> None:
@@ -137,7 +139,7 @@ def test_compose_resources_limits_and_safety(project: Path) -> None:
     assert port["published"] == "8000" and port["target"] == 8000
     (volume,) = service["volumes"]
     assert volume["type"] == "volume" and volume["source"] == "hf-cache"
-    assert volume["target"] == "/root/.cache/huggingface"
+    assert volume["target"] == "/home/sparkserve/.cache/huggingface"
     (device,) = service["deploy"]["resources"]["reservations"]["devices"]
     assert device["driver"] == "nvidia" and device["capabilities"] == ["gpu"]
     assert service["ipc"] == "host" and "shm_size" not in service, "ipc: host ignores shm_size"
@@ -182,6 +184,16 @@ def test_compose_cache_follows_hf_home_and_can_be_a_host_folder(project: Path) -
         (volume,) = service["volumes"]
         assert volume["type"] == "bind" and volume["source"] == "/srv/hf-cache", name
         assert volume["target"] == "/models" == service["environment"]["HF_HOME"], name
+
+
+def test_compose_services_run_as_the_cache_owner_set_in_the_env_file(project: Path) -> None:
+    """CACHE_UID and CACHE_GID (the owner of a reused MODEL_CACHE) set every service's user."""
+    (project / ".env").write_text("CACHE_UID=1234\nCACHE_GID=4321\n")
+    config = compose_config(project, None, "--profile", "cpu", "--profile", "cluster-head")
+    servers = [name for name in config["services"] if name.startswith("sparkserve")]
+    assert len(servers) >= 6, servers
+    for name in servers:
+        assert config["services"][name]["user"] == "1234:4321", name
 
 
 def test_compose_env_file_and_passthrough(project: Path) -> None:
@@ -236,7 +248,7 @@ def test_compose_pair_profiles_run_one_role_each_on_the_host_network(project: Pa
         assert service["network_mode"] == "host" and "ports" not in service
         (rdma,) = service["devices"]
         assert rdma["source"] == rdma["target"] == "/dev/infiniband"
-        assert_hardened(service, ["IPC_LOCK", "DAC_OVERRIDE"])  # RDMA pins memory
+        assert_hardened(service)  # RDMA pins memory under memlock -1, not IPC_LOCK
         for same in ("deploy", "ipc", "ulimits", "init", "restart", "stop_grace_period", "image"):
             assert service[same] == single[same], (role, same)
         health = service["healthcheck"]
@@ -249,7 +261,7 @@ def test_compose_pair_profiles_run_one_role_each_on_the_host_network(project: Pa
         assert fetch["entrypoint"][-2:] == ["--launcher", "dflash"] and fetch["restart"] == "no"
         assert fetch["profiles"] == [f"cluster-{role}"]
         assert not {"deploy", "ipc", "ulimits"} & set(fetch), "the download needs no GPU"
-        assert_hardened(fetch, ["DAC_OVERRIDE"])
+        assert_hardened(fetch)
     (project / ".env").write_text("BIND_ADDRESS=0.0.0.0\n")
     head = compose_config(project, None, "--profile", "cluster-head")["services"]["sparkserve-head"]
     assert head["environment"]["HOST"] == "0.0.0.0"
@@ -301,7 +313,11 @@ def test_dockerfile_defaults_are_the_registrys() -> None:
 
 def test_dockerfile_builds_what_the_project_pins() -> None:
     text = (REPO / "Dockerfile").read_text()
-    assert re.search(r"^ARG CUDA_IMAGE=nvidia/cuda:13\.\d+\.\d+-devel-ubuntu24\.04$", text, re.M)
+    assert re.search(
+        r"^ARG CUDA_IMAGE=nvidia/cuda:13\.\d+\.\d+-devel-ubuntu24\.04@sha256:[0-9a-f]{64}$",
+        text,
+        re.M,
+    )
     assert re.search(r"^ARG CPU_BASE_IMAGE=debian:bookworm-slim$", text, re.M)
     stages = dockerfile_stages()
     assert list(stages) == ["cpu", "spark"], "spark last: a plain `docker build` makes it"
@@ -358,3 +374,39 @@ def test_sparkserve_cli_lists_patches_and_knob_actions() -> None:
         [sys.executable, "-m", "sparkserve", "--help"], capture_output=True, text=True, env=env
     )
     assert done.returncode == 0 and "patch" in done.stdout and "knobs" in done.stdout
+
+
+def image_pins(repo: Path) -> subprocess.CompletedProcess[str]:
+    """scripts/lib/image_pins.py (the lint's check) on repo's Dockerfile and compose file."""
+    script = REPO / "scripts" / "lib" / "image_pins.py"
+    return subprocess.run([sys.executable, str(script), str(repo)], capture_output=True,
+                          text=True, timeout=60)  # fmt: skip
+
+
+def test_every_pulled_image_is_pinned_by_digest_or_listed_with_its_reason(tmp_path: Path) -> None:
+    """The lint's digest check passes on the repository and refuses, one line each, a pulled
+    image pinned by tag only and an exception that nothing uses any more."""
+    done = image_pins(REPO)
+    assert (done.returncode, done.stderr) == (0, ""), done.stderr
+    compose = (REPO / "docker-compose.yml").read_text()
+    dockerfile = (REPO / "Dockerfile").read_text()
+    assert compose.count("@sha256:") == 3, "prometheus, node-exporter and grafana"
+    (tmp_path / "docker-compose.yml").write_text(
+        re.sub(r"(image: grafana/grafana:11\.6\.0)@sha256:[0-9a-f]{64}", r"\1", compose)
+    )
+    (tmp_path / "Dockerfile").write_text(
+        dockerfile.replace(
+            "ARG CPU_BASE_IMAGE=debian:bookworm-slim", "ARG CPU_BASE_IMAGE=x@sha256:" + "0" * 64
+        )
+        + "FROM busybox:1.36 AS extra\n"
+    )
+    done = image_pins(tmp_path)
+    assert done.returncode == 1
+    assert done.stderr.splitlines() == [
+        "Dockerfile: busybox:1.36 is pinned by tag only: add @sha256:<its digest> (read from the "
+        "registry), or list it in scripts/lib/image_pins.py UNPINNED with the reason",
+        "docker-compose.yml: grafana/grafana:11.6.0 is pinned by tag only: add @sha256:<its "
+        "digest> (read from the registry), or list it in scripts/lib/image_pins.py UNPINNED "
+        "with the reason",
+        "image_pins.py: UNPINNED lists debian:bookworm-slim, which nothing uses",
+    ]

@@ -200,6 +200,28 @@ def test_a_public_bind_address_without_a_key_is_one_line_exit_2(
 
 
 @pytest.mark.parametrize("launcher", sorted(LAUNCHERS))
+def test_a_host_run_binding_beyond_loopback_without_a_key_is_one_line_exit_2(
+    launcher: str,
+) -> None:
+    """On a host (no image's SPARKSERVE_IMAGE) the launcher binds HOST itself, with nothing
+    publishing it on BIND_ADDRESS: HOST beyond loopback (the registry's 0.0.0.0 included)
+    needs API_KEY, as BIND_ADDRESS does; in a container HOST stays behind BIND_ADDRESS."""
+    prog = LAUNCHERS[launcher].name
+    for host in ("0.0.0.0", "192.168.1.20"):
+        done = run_launcher(launcher, launcher_env(HOST=host, DRY_RUN="1"))
+        assert (done.returncode, done.stdout) == (2, ""), done.stdout + done.stderr
+        assert done.stderr.splitlines() == [
+            f"{prog}: HOST={host!r} binds the API beyond this machine without API_KEY (a run "
+            "on the host, not in a container): set HOST=127.0.0.1, or API_KEY"
+        ]
+    unset = {k: v for k, v in launcher_env(DRY_RUN="1").items() if k != "HOST"}
+    assert run_launcher(launcher, unset).returncode == 2, "the registry's 0.0.0.0 refuses too"
+    for passes in ({"API_KEY": "k"}, {"SPARKSERVE_IMAGE": "cpu"}):
+        done = run_launcher(launcher, launcher_env(HOST="0.0.0.0", DRY_RUN="1", **passes))
+        assert done.returncode == 0, (passes, done.stderr)
+
+
+@pytest.mark.parametrize("launcher", sorted(LAUNCHERS))
 @pytest.mark.parametrize(("knob", "value"), BAD, ids=[f"{k.name}={v}" for k, v in BAD])
 def test_bad_knob_value_is_one_line_exit_2_and_no_exports(
     launcher: str, knob: Knob, value: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
@@ -317,8 +339,8 @@ def test_dry_run_hides_secrets_and_keeps_the_compile_cache_on_the_volume() -> No
     assert "s3cr3t" not in done.stdout + done.stderr
     assert "env: VLLM_API_KEY=<hidden>" in done.stdout
     assert "env: HF_TOKEN=''" in done.stdout, "vLLM runs offline: the token is blanked for it"
-    assert "env: VLLM_CACHE_ROOT='/root/.cache/huggingface/vllm'" in done.stdout
-    assert "env: TRITON_CACHE_DIR='/root/.cache/huggingface/triton'" in done.stdout
+    assert "env: VLLM_CACHE_ROOT='/home/sparkserve/.cache/huggingface/vllm'" in done.stdout
+    assert "env: TRITON_CACHE_DIR='/home/sparkserve/.cache/huggingface/triton'" in done.stdout
     assert "env: VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS='0'" in done.stdout
     assert "guard: 'python3' '-m' 'sparkserve.guard.keeper' '--pid'" in done.stdout
     quiet = run_launcher("mtp", launcher_env(DRY_RUN="1", GUARD="0"))

@@ -220,8 +220,10 @@ def served(project: Path, profile: str, dotenv: str = "") -> tuple[list[str], di
         f"/opt/sparkserve/{'mtp_' if launcher == 'mtp' else ''}serve.sh"
     ]
     given = {k: v for k, v in config["environment"].items() if v is not None}
-    env = {k: v for k, v in launcher_env().items() if k not in ("OS_RESERVE_GB", "HF_OFFLINE")}
-    env.update(given, DRY_RUN="1", **({IMAGE_ENV: image} if image == "cpu" else {}))
+    # the environment of the service's container: its image's mark, compose's knobs
+    unset = ("OS_RESERVE_GB", "HF_OFFLINE", "HOST")
+    env = {k: v for k, v in launcher_env().items() if k not in unset}
+    env.update(given, DRY_RUN="1", **{IMAGE_ENV: image})
     return dry_run_argv(launcher, env), given
 
 

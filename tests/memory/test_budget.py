@@ -45,7 +45,7 @@ def test_an_exact_hundredth_boundary_is_kept() -> None:
 def test_the_launcher_refuses_exactly_above_the_largest(total_gib: float, reserve: float) -> None:
     total = int(total_gib * GIB)
     largest = largest_gpu_mem(reserve, total)
-    env = {"OS_RESERVE_GB": str(reserve) if reserve >= 4 else "4"}
+    env = {"OS_RESERVE_GB": str(reserve) if reserve >= 4 else "4", "SPARKSERVE_IMAGE": "spark"}
     if largest >= 0.1:
         checked_settings({**env, "GPU_MEM": f"{largest:.2f}"}, "dflash", total)  # no error
     above = round(largest + 0.01, 2)

@@ -31,6 +31,9 @@ from support.vllm_server import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 CPU_SERVICES = ("sparkserve-cpu", "sparkserve-cpu-fetch")  # docker-compose.yml's on the cpu image
+# who docker-compose.yml runs every service as (user:, CACHE_UID:CACHE_GID unset): the owner
+# of the model cache, never root
+CACHE_OWNER = (1000, 1000)
 
 
 class ComposeError(RuntimeError):
@@ -277,6 +280,15 @@ def place_in_hf_cache(hub: Path, repo_id: str, files: Path) -> None:
     shutil.copytree(files, snapshot, dirs_exist_ok=True, ignore=shutil.ignore_patterns(".*"))
     (repo / "refs").mkdir(parents=True, exist_ok=True)
     (repo / "refs" / "main").write_text(digest)
+    own_as_the_cache_owner(hub.parent)
+
+
+def own_as_the_cache_owner(cache: Path) -> None:
+    """The whole cache owned by CACHE_OWNER, as a user's own ~/.cache/huggingface is (the test
+    writes it as root): the services, running as that user, write it with no capability."""
+    for folder, _, names in os.walk(cache):
+        for path in (folder, *(os.path.join(folder, name) for name in names)):
+            os.chown(path, *CACHE_OWNER, follow_symlinks=False)
 
 
 def install_shims(cpu_python: str, target: Path) -> Path:
@@ -287,6 +299,11 @@ def install_shims(cpu_python: str, target: Path) -> Path:
          "--target", str(target), str(REPO / "tests" / "cpu_shims")],
         check=True, capture_output=True, timeout=300,
     )  # fmt: skip
+    # readable by the container's user (not root): pytest makes its folders 0700
+    for folder, _, names in os.walk(target):
+        os.chmod(folder, 0o755)
+        for name in names:
+            os.chmod(os.path.join(folder, name), 0o644)
     return target
 
 

@@ -26,6 +26,7 @@ def launcher_env(**knobs: str) -> dict[str, str]:
         OS_RESERVE_GB="4",  # the test machine has 24 GiB, not a Spark's 119.7 GiB
         HF_OFFLINE="1",  # the fetch step never calls the Hub
         VLLM_TARGET_DEVICE="cpu",
+        HOST="127.0.0.1",  # a run on the host binds HOST itself: beyond loopback needs API_KEY
     )
     env.update(knobs)
     return env

@@ -148,12 +148,35 @@ def _fetch_repo(item: Wanted, hf_home: Path, offline: bool, record: Record, prog
     return f"{item.knob} {item.ref}: {got / 2**20:.1f} MiB downloaded, complete ({snapshot})"
 
 
+def check_writable(hf_home: Path) -> None:
+    """FetchError (one line) when the cache exists and this process cannot write it: the
+    services run as a user that is not root (compose's CACHE_UID:CACHE_GID), and vLLM, the
+    guard and the download all write there."""
+    if not hf_home.is_dir() or os.access(hf_home, os.W_OK | os.X_OK):
+        return
+    owner = hf_home.stat()
+    uid, gid = os.getuid(), os.getgid()
+    if owner.st_uid == 0:  # a volume an earlier image, which ran as root, filled
+        raise FetchError(
+            f"HF_HOME={hf_home} is not writable by this user ({uid}:{gid}); it belongs to "
+            f"root (an earlier sparkserve image ran as root): give it to {uid}:{gid} once, as root "
+            "(docs/DOWNLOADS.md has the compose command)"
+        )
+    raise FetchError(
+        f"HF_HOME={hf_home} is not writable by this user ({uid}:{gid}); it belongs to "
+        f"{owner.st_uid}:{owner.st_gid}: set CACHE_UID={owner.st_uid} and "
+        f"CACHE_GID={owner.st_gid} (compose runs every service as them), or give it to "
+        f"{uid}:{gid}"
+    )
+
+
 def fetch_all(settings: Settings, prog: str, check: bool = False) -> None:
     """Every checkpoint of these settings put into the cache, whole (with `check`: every
     refusal that would make, nothing downloaded or removed), a line each on stderr; FetchError
     (its line names the knob) on the first that fails. Runs before anything imports
     huggingface_hub in this process, which reads HF_HOME and HF_HUB_OFFLINE when imported."""
     hf_home = Path(settings["HF_HOME"])
+    check_writable(hf_home)
     os.environ["HF_HOME"] = str(hf_home)
     os.environ["HF_HUB_OFFLINE"] = settings["HF_OFFLINE"]
     offline = settings.values.HF_OFFLINE

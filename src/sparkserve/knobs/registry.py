@@ -294,7 +294,8 @@ KNOBS: tuple[Knob, ...] = (
     # Network and access
     Knob("HOST", "text", "0.0.0.0", group="network", pattern=_HOSTNAME,
          why="Address the server binds inside the container; compose publishes it on "
-             "127.0.0.1 only."),
+             "BIND_ADDRESS. A launcher run on the host binds it itself: there an address "
+             "beyond loopback (this default included) needs API_KEY, or HOST=127.0.0.1."),
     Knob("PORT", "int", "8000", minimum=1, maximum=65535, group="network",
          why="Port of the OpenAI-compatible API."),
     Knob("API_KEY", "text", "", group="network", empty_ok=True, secret=True,
@@ -317,7 +318,7 @@ KNOBS: tuple[Knob, ...] = (
     Knob("HF_TOKEN", "text", "", group="network", empty_ok=True, secret=True,
          pattern=r"\S+",
          why="Hugging Face token for gated or private checkpoints; empty for public ones."),
-    Knob("HF_HOME", "text", "/root/.cache/huggingface", group="network",
+    Knob("HF_HOME", "text", "/home/sparkserve/.cache/huggingface", group="network",
          pattern=r"/\S*",
          why="Model cache inside the container, where compose mounts MODEL_CACHE; the "
              "caches a start fills (vLLM's compile cache, Triton's, FlashInfer's, the CUDA "
@@ -331,6 +332,15 @@ KNOBS: tuple[Knob, ...] = (
          pattern=r"[A-Za-z0-9/._-]+",
          why="What compose mounts at HF_HOME: the named volume hf-cache, or an absolute host "
              "folder holding a Hugging Face cache already (nothing downloaded twice)."),
+    Knob("CACHE_UID", "int", "1000", minimum=1, maximum=2147483646, group="network",
+         scope="compose",
+         why="User id every service of the image runs as (compose's user:), never root: the "
+             "owner of MODEL_CACHE, so vLLM, the guard and the download write it with no "
+             "capability. 1000 is the first user made on a Spark; a reused "
+             "~/.cache/huggingface owned by another user needs that user's id (id -u)."),
+    Knob("CACHE_GID", "int", "1000", minimum=1, maximum=2147483646, group="network",
+         scope="compose",
+         why="Group id the services run as, with CACHE_UID: the group of MODEL_CACHE (id -g)."),
     Knob("BIND_ADDRESS", "text", "127.0.0.1", group="network", pattern=_HOSTNAME,
          why="Host address compose publishes the API on (the pair's head binds it). An "
              "address beyond loopback (0.0.0.0 opens it to your network) needs API_KEY: the "

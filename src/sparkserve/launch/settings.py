@@ -27,7 +27,16 @@ from dataclasses import dataclass
 from typing import Literal
 
 from sparkserve import recipes
-from sparkserve.knobs.registry import BY_NAME, Image, Knob, KnobError, Launcher, image_of, knobs_for
+from sparkserve.knobs.registry import (
+    BY_NAME,
+    IMAGE_ENV,
+    Image,
+    Knob,
+    KnobError,
+    Launcher,
+    image_of,
+    knobs_for,
+)
 from sparkserve.knobs.values import KnobValues
 from sparkserve.memory.budget import budget_problem, share_bytes
 from sparkserve.memory.host import GIB
@@ -166,6 +175,20 @@ def check_exposure(text: Mapping[str, str]) -> None:
         raise KnobError(
             f"BIND_ADDRESS={bind!r} publishes the API beyond this machine without API_KEY: set "
             "API_KEY (every client then sends it), or BIND_ADDRESS=127.0.0.1"
+        )
+
+
+def check_host_bind(settings: Settings, env: Mapping[str, str]) -> None:
+    """A launcher run on a host (no image set SPARKSERVE_IMAGE) binds HOST itself: no container
+    keeps it behind BIND_ADDRESS, so a HOST beyond loopback needs API_KEY too (KnobError)."""
+    worker = settings.values.CLUSTER_NODES == 2 and settings.values.CLUSTER_RANK == 1
+    if IMAGE_ENV in env or worker:
+        return
+    host = settings["HOST"]
+    if not is_loopback(host) and not settings["API_KEY"]:
+        raise KnobError(
+            f"HOST={host!r} binds the API beyond this machine without API_KEY (a run on the "
+            "host, not in a container): set HOST=127.0.0.1, or API_KEY"
         )
 
 

@@ -10,7 +10,13 @@ from pathlib import Path
 from sparkserve.guard.monitor import marker_path, metrics_dir
 from sparkserve.knobs.registry import KnobError, Launcher
 from sparkserve.launch.cluster_layout import check_layout
-from sparkserve.launch.settings import Settings, check_budget, check_recipe_fits, resolve_settings
+from sparkserve.launch.settings import (
+    Settings,
+    check_budget,
+    check_host_bind,
+    check_recipe_fits,
+    resolve_settings,
+)
 from sparkserve.memory.checkpoint import CheckpointError, is_hybrid, locate, read_config
 
 
@@ -21,6 +27,7 @@ def checked_settings(
     (DRY_RUN=1) shows the command on any machine: what this machine's memory would refuse
     comes back as notes instead; the strict one (DRY_RUN=strict) refuses as a start does."""
     settings = resolve_settings(env, launcher)
+    check_host_bind(settings, env)
     check_layout(settings)
     notes: list[str] = []
     for check in (check_budget, check_recipe_fits):
