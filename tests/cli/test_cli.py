@@ -61,7 +61,11 @@ def test_a_launcher_step_imports_no_other_tool(tmp_path: Path) -> None:
     # the guard's module besides its own: where its record and metrics live is the start's
     # business; the fetch's steps come from its library module, not its command
     start = ("start", "--launcher", "mtp", "--pid", "1", "--records", str(tmp_path / "r"))
-    assert probe(*start, DRY_RUN="1") == (0, ["sparkserve.guard.monitor", "sparkserve.start.cli"])
+    # a host run: HOST beyond loopback with no API_KEY would be refused
+    assert probe(*start, DRY_RUN="1", HOST="127.0.0.1") == (
+        0,
+        ["sparkserve.guard.monitor", "sparkserve.start.cli"],
+    )
 
 
 def test_a_tool_imports_its_own_module_only() -> None:
