@@ -595,7 +595,7 @@ def test_4_guard_resume_is_used_once_and_the_cache_serves_the_second_start(
                            project.env_file)  # fmt: skip
     items = project.inspect(SERVICE)["Config"]["Env"]  # a knob passed empty is a bare name
     container_env = dict(item.split("=", 1) for item in items if "=" in item)
-    hf_home = resolve_settings(container_env, "dflash")["HF_HOME"]  # as tune resolves it
+    hf_home = resolve_settings(container_env, "dflash").text["HF_HOME"]  # as tune resolves it
     assert driver.guard_stop(hf_home, time.time()) is None  # older: not the tune's
     reason = driver.guard_stop(hf_home, 0.0)
     assert reason is not None and "floor" in reason, reason

@@ -50,10 +50,10 @@ def fetch(tmp_path: Path, launcher: str = "dflash", **knobs: str) -> subprocess.
 def test_wanted_follows_the_launcher_and_the_draft_count() -> None:
     dflash = resolve_settings({}, "dflash")
     assert wanted(dflash) == [
-        Wanted("MODEL", dflash["MODEL"]), Wanted("DRAFT_MODEL", dflash["DRAFT_MODEL"])
+        Wanted("MODEL", dflash.text["MODEL"]), Wanted("DRAFT_MODEL", dflash.text["DRAFT_MODEL"])
     ]  # fmt: skip
     assert wanted(resolve_settings({"NUM_SPEC_TOKENS": "0"}, "dflash")) == [
-        Wanted("MODEL", dflash["MODEL"])
+        Wanted("MODEL", dflash.text["MODEL"])
     ]
     assert [w.knob for w in wanted(resolve_settings({}, "mtp"))] == ["MODEL"]
 

@@ -27,41 +27,39 @@ def test_each_layer_wins_over_the_one_below_it() -> None:
     """registry < image (cpu) < launcher (mtp) < recipe < user < option."""
     assert resolve_settings({}, "dflash").layer["NUM_SPEC_TOKENS"] == "registry"
     cpu = resolve_settings(CPU, "dflash")
-    assert cpu["NUM_SPEC_TOKENS"] == "0" and cpu.layer["NUM_SPEC_TOKENS"] == "image"
+    assert cpu.text["NUM_SPEC_TOKENS"] == "0" and cpu.layer["NUM_SPEC_TOKENS"] == "image"
     mtp_on_cpu = resolve_settings(CPU, "mtp")
-    assert (
-        mtp_on_cpu["NUM_SPEC_TOKENS"] == "2" and mtp_on_cpu.layer["NUM_SPEC_TOKENS"] == "launcher"
-    )
+    assert mtp_on_cpu.text["NUM_SPEC_TOKENS"] == "2"
+    assert mtp_on_cpu.layer["NUM_SPEC_TOKENS"] == "launcher"
     # qwen3.6-35b-a3b: an mtp recipe that sets NUM_SPEC_TOKENS to 2 and its own model
     recipe = resolve_settings({**CPU, "RECIPE": "qwen3.6-35b-a3b"}, "mtp")
-    assert recipe["MODEL"] == "Qwen/Qwen3.6-35B-A3B" and recipe.layer["MODEL"] == "recipe"
+    assert recipe.text["MODEL"] == "Qwen/Qwen3.6-35B-A3B" and recipe.layer["MODEL"] == "recipe"
     assert recipe.layer["KV_CACHE_GB"] == "image", "a knob the recipe leaves keeps its default"
     user = resolve_settings({"RECIPE": "qwen3.6-35b-a3b", "MODEL": "/m"}, "mtp")
-    assert user["MODEL"] == "/m" and user.layer["MODEL"] == "user"
+    assert user.text["MODEL"] == "/m" and user.layer["MODEL"] == "user"
     option = resolve_settings({"MODEL": "/m"}, "mtp", given={"MODEL": "/o"})
-    assert option["MODEL"] == "/o" and option.layer["MODEL"] == "option"
+    assert option.text["MODEL"] == "/o" and option.layer["MODEL"] == "option"
 
 
 def test_a_value_equal_to_a_default_is_set_and_wins_over_the_recipe() -> None:
     # the recipe serves a 262144-token context; the registry default is 262144 as well, so
     # take a knob where they differ: the recipe's MODEL against the registry's MODEL
-    registry_model = resolve_settings({}, "mtp")["MODEL"]
+    registry_model = resolve_settings({}, "mtp").text["MODEL"]
     settings = resolve_settings({"RECIPE": "qwen3.6-35b-a3b", "MODEL": registry_model}, "mtp")
-    assert settings["MODEL"] == registry_model and settings.layer["MODEL"] == "user"
+    assert registry_model == settings.values.MODEL and settings.layer["MODEL"] == "user"
     # and NUM_SPEC_TOKENS=12 (dflash's default) under the mtp launcher stays 12
-    assert resolve_settings({"NUM_SPEC_TOKENS": "12"}, "mtp")["NUM_SPEC_TOKENS"] == "12"
+    assert resolve_settings({"NUM_SPEC_TOKENS": "12"}, "mtp").text["NUM_SPEC_TOKENS"] == "12"
 
 
 def test_empty_is_set_only_where_the_knob_allows_empty() -> None:
-    assert resolve_settings({"PORT": " "})["PORT"] == "8000"
+    assert resolve_settings({"PORT": " "}).text["PORT"] == "8000"
     assert resolve_settings({"PORT": ""}).layer["PORT"] == "registry"
-    assert resolve_settings({"TOOL_PARSER": ""})["TOOL_PARSER"] == ""
+    assert resolve_settings({"TOOL_PARSER": ""}).text["TOOL_PARSER"] == ""
     assert resolve_settings({"TOOL_PARSER": ""}).layer["TOOL_PARSER"] == "user"
-    assert (
-        resolve_settings({"TOOL_PARSER": "hermes"}, given={"TOOL_PARSER": ""})["TOOL_PARSER"] == ""
-    )
-    assert resolve_settings({"PORT": "9000"}, given={"PORT": ""})["PORT"] == "9000"
-    assert resolve_settings({})["TOOL_PARSER"] == "qwen3_xml"
+    emptied = resolve_settings({"TOOL_PARSER": "hermes"}, given={"TOOL_PARSER": ""})
+    assert emptied.text["TOOL_PARSER"] == ""
+    assert resolve_settings({"PORT": "9000"}, given={"PORT": ""}).text["PORT"] == "9000"
+    assert resolve_settings({}).text["TOOL_PARSER"] == "qwen3_xml"
 
 
 def test_bad_values_from_any_layer_are_one_line() -> None:
@@ -75,7 +73,7 @@ def test_bad_values_from_any_layer_are_one_line() -> None:
         resolve_settings({"RECIPE": "qwen3.6-35b-a3b"}, "dflash")
     with pytest.raises(RecipeError, match=r"^RECIPE='nope': no such recipe; one of "):
         resolve_settings({"RECIPE": "nope"})
-    assert resolve_settings({"PORT": " 65535 "})["PORT"] == "65535"
+    assert resolve_settings({"PORT": " 65535 "}).text["PORT"] == "65535"
 
 
 def test_each_launcher_gets_its_knobs_and_only_those() -> None:
@@ -150,11 +148,11 @@ def test_an_api_published_beyond_loopback_needs_a_key() -> None:
         assert f"BIND_ADDRESS={address!r}" in message and "API_KEY" in message
         assert "\n" not in message
         keyed = resolve_settings({"BIND_ADDRESS": address, "API_KEY": "k"}, "dflash")
-        assert keyed["BIND_ADDRESS"] == address
+        assert keyed.text["BIND_ADDRESS"] == address
     for address in ("127.0.0.1", "127.0.0.2", "::1", "localhost"):
-        assert resolve_settings({"BIND_ADDRESS": address}, "mtp")["API_KEY"] == ""
+        assert resolve_settings({"BIND_ADDRESS": address}, "mtp").text["API_KEY"] == ""
     worker = {"BIND_ADDRESS": "10.0.0.2", "CLUSTER_NODES": "2", "CLUSTER_RANK": "1"}
-    assert resolve_settings(worker, "dflash")["BIND_ADDRESS"] == "10.0.0.2"
+    assert resolve_settings(worker, "dflash").text["BIND_ADDRESS"] == "10.0.0.2"
     with pytest.raises(KnobError):
         resolve_settings({**worker, "CLUSTER_RANK": "0"}, "dflash")
 

@@ -151,7 +151,7 @@ def test_every_knob_reaches_vllm_unset_at_its_default_and_set_as_set(
             value = {"unset": default, "default": knob.default, "other": OTHER[name]}[mode]
             env = dict(base) if mode == "unset" else {**base, name: value}
             settings = resolve_settings(env, launcher)
-            assert settings[name] == value, (name, mode)
+            assert settings.text[name] == value, (name, mode)
             assert (settings.layer[name] == "user") is (mode != "unset"), (name, mode)
             command = vllm_command(settings, "0.33.0", hybrid=True)
             want = expected_shown(name, value, launcher, settings.speculating)

@@ -107,11 +107,11 @@ def connect(
     """The server of --url (else the PORT knob) with the API_KEY knob, checked: it answers and
     serves the model of --model (else $SERVED_MODEL_NAME if set, else its only one).
     `settings`: the tool's (launch.settings.tool_settings), resolved once per run."""
-    url = args.url or f"http://127.0.0.1:{settings['PORT']}"
-    server = Server(url, settings["API_KEY"], args.request_timeout)
+    url = args.url or f"http://127.0.0.1:{settings.values.PORT}"
+    server = Server(url, settings.values.API_KEY, args.request_timeout)
     model = args.model
     if not model and settings.layer["SERVED_MODEL_NAME"] in ("user", "recipe"):
-        model = settings["SERVED_MODEL_NAME"]
+        model = settings.values.SERVED_MODEL_NAME
     return server, server.probe(model or None, pool_tokens)
 
 

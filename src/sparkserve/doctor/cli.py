@@ -259,14 +259,14 @@ def check_pair(
         return [*rows, Check("peer", "skip", "not tried: fix the link rows first")]
     side = Side(
         rank=settings.values.CLUSTER_RANK,
-        head=settings["CLUSTER_HEAD_ADDR"],
+        head=settings.values.CLUSTER_HEAD_ADDR,
         port=port,
         watch_port=watch,
         local=str(end.address.ip),
         identity=node_identity(env),
         link={"mtu": end.mtu, "speed_mbps": end.speed_mbps},
         wait_s=wait_s,
-        secret=settings["CLUSTER_SECRET"].encode(),
+        secret=settings.values.CLUSTER_SECRET.encode(),
     )
     return rows + pair_rows(side)
 

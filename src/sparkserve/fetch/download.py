@@ -175,10 +175,10 @@ def fetch_all(settings: Settings, prog: str, check: bool = False) -> None:
     refusal that would make, nothing downloaded or removed), a line each on stderr; FetchError
     (its line names the knob) on the first that fails. Runs before anything imports
     huggingface_hub in this process, which reads HF_HOME and HF_HUB_OFFLINE when imported."""
-    hf_home = Path(settings["HF_HOME"])
+    hf_home = Path(settings.values.HF_HOME)
     check_writable(hf_home)
     os.environ["HF_HOME"] = str(hf_home)
-    os.environ["HF_HUB_OFFLINE"] = settings["HF_OFFLINE"]
+    os.environ["HF_HUB_OFFLINE"] = "1" if settings.values.HF_OFFLINE else "0"
     offline = settings.values.HF_OFFLINE
     record = Record(hf_home)
     for item in wanted(settings):

@@ -17,7 +17,7 @@ def check_layout(settings: Settings) -> None:
     they would have to cross stages; vLLM 0.33's GPU model runner asks the model
     (`verify_supports_aux_hidden_states_over_pp`, v1/worker/gpu/spec_decode/eagle/
     eagle3_utils.py) and Qwen3.5's classes answer no (tests/plan/test_plan_pair.py shows it)."""
-    if not settings.pair or settings["CLUSTER_LAYOUT"] != "pp":
+    if not settings.pair or settings.values.CLUSTER_LAYOUT != "pp":
         return
     if settings.launcher == "dflash" and settings.speculating:
         raise KnobError(

@@ -58,9 +58,10 @@ def is_set(knob: Knob, raw: str | None) -> bool:
 
 @dataclass(frozen=True)
 class Settings:
-    """The resolved knobs of one launcher: `text` holds each value as vLLM and the shell get
-    it (validated, in its plain form), `values` the same values typed (parsed once, here),
-    `layer` where each came from."""
+    """The resolved knobs of one launcher: `values` typed (parsed once, here), the one way
+    logic reads a knob; `text` each value as vLLM and the shell get it (validated, in its
+    plain form), read only where an argv, an environment or a message is built
+    (tests/codebase/test_knob_reads.py lists where); `layer` where each came from."""
 
     launcher: Launcher
     image: Image
@@ -68,9 +69,6 @@ class Settings:
     layer: Mapping[str, Layer]
     recipe: recipes.Recipe | None
     values: KnobValues
-
-    def __getitem__(self, name: str) -> str:
-        return self.text[name]
 
     @property
     def speculating(self) -> bool:
@@ -102,9 +100,9 @@ class Settings:
     def models(self) -> list[tuple[str, str]]:
         """(knob, checkpoint) of every model vLLM will load: the target, and the drafter
         when DFlash drafts."""
-        wanted = [("MODEL", self["MODEL"])]
+        wanted = [("MODEL", self.values.MODEL)]
         if self.launcher == "dflash" and self.speculating:
-            wanted.append(("DRAFT_MODEL", self["DRAFT_MODEL"]))
+            wanted.append(("DRAFT_MODEL", self.values.DRAFT_MODEL or ""))
         return wanted
 
 
@@ -184,8 +182,8 @@ def check_host_bind(settings: Settings, env: Mapping[str, str]) -> None:
     worker = settings.values.CLUSTER_NODES == 2 and settings.values.CLUSTER_RANK == 1
     if IMAGE_ENV in env or worker:
         return
-    host = settings["HOST"]
-    if not is_loopback(host) and not settings["API_KEY"]:
+    host = settings.values.HOST
+    if not is_loopback(host) and not settings.values.API_KEY:
         raise KnobError(
             f"HOST={host!r} binds the API beyond this machine without API_KEY (a run on the "
             "host, not in a container): set HOST=127.0.0.1, or API_KEY"

@@ -44,7 +44,7 @@ def target_is_hybrid(settings: Settings, shipped_geometry: str | None = None) ->
     """(hybrid, note) from the target's config.json: in the cache (the fetch put it there),
     a local folder, or, for a dry run before the fetch, a shipped recipe's copy of it."""
     try:
-        config = read_config(locate(settings["MODEL"], Path(settings["HF_HOME"])))
+        config = read_config(locate(settings.values.MODEL, Path(settings.values.HF_HOME)))
     except CheckpointError as error:
         if shipped_geometry is None:
             return False, f"MODEL's config.json is not at hand ({error}): taken as not hybrid"
@@ -57,12 +57,13 @@ def guard_args(settings: Settings, pid: int) -> list[str]:
     dies while vLLM runs (guard/keeper.py)."""
     if not settings.values.GUARD:
         return []
+    text = settings.text  # an argv: the knobs' text, as checked
     return [
         "python3", "-m", "sparkserve.guard.keeper", "--pid", str(pid),
-        "--floor-gb", settings["GUARD_FLOOR_GB"], "--os-reserve-gb", settings["OS_RESERVE_GB"],
-        "--swap-mb-s", settings["GUARD_SWAP_MB_S"], "--psi-full-pct", settings["GUARD_PSI_PCT"],
-        "--textfile-dir", str(metrics_dir(settings["HF_HOME"])),
-        "--marker", str(marker_path(settings["HF_HOME"])),
+        "--floor-gb", text["GUARD_FLOOR_GB"], "--os-reserve-gb", text["OS_RESERVE_GB"],
+        "--swap-mb-s", text["GUARD_SWAP_MB_S"], "--psi-full-pct", text["GUARD_PSI_PCT"],
+        "--textfile-dir", str(metrics_dir(settings.values.HF_HOME)),
+        "--marker", str(marker_path(settings.values.HF_HOME)),
     ]  # fmt: skip
 
 
@@ -73,13 +74,14 @@ def watch_args(settings: Settings, pid: int, address: str, state_file: Path) -> 
         return []
     api = ""
     if settings.values.CLUSTER_RANK == 0:
-        local = "127.0.0.1" if settings["HOST"] == "0.0.0.0" else settings["HOST"]
-        api = f"http://{local}:{settings['PORT']}"
+        local = "127.0.0.1" if settings.values.HOST == "0.0.0.0" else settings.values.HOST
+        api = f"http://{local}:{settings.values.PORT}"
+    text = settings.text  # an argv: the knobs' text, as checked
     return [
         "python3", "-m", "sparkserve.cluster.watch", "--pid", str(pid),
-        "--rank", settings["CLUSTER_RANK"], "--head-addr", settings["CLUSTER_HEAD_ADDR"],
-        "--host-ip", address, "--port", settings["CLUSTER_WATCH_PORT"],
-        "--peer-timeout-s", settings["CLUSTER_PEER_TIMEOUT_S"],
-        "--join-timeout-s", settings["CLUSTER_JOIN_TIMEOUT_S"], "--state-file", str(state_file),
+        "--rank", text["CLUSTER_RANK"], "--head-addr", text["CLUSTER_HEAD_ADDR"],
+        "--host-ip", address, "--port", text["CLUSTER_WATCH_PORT"],
+        "--peer-timeout-s", text["CLUSTER_PEER_TIMEOUT_S"],
+        "--join-timeout-s", text["CLUSTER_JOIN_TIMEOUT_S"], "--state-file", str(state_file),
         "--api-url", api,
     ]  # fmt: skip

@@ -59,20 +59,21 @@ class VllmCommand:
 
 def speculative_config(settings: Settings, extra: dict[str, object]) -> str:
     """The --speculative-config JSON of the launcher's drafter, with the workarounds' fields."""
+    text = settings.text  # vLLM's argv and environment: the knobs' text
     config: dict[str, object]
-    if settings["SPEC_METHOD"] == "ngram":
+    if text["SPEC_METHOD"] == "ngram":
         # vLLM's prompt lookup: drafts follow the latest match of 2 to 4 tokens. The launcher's
         # workaround fields concern its own drafter, so none is added.
         config = {"method": "ngram", "prompt_lookup_min": 2, "prompt_lookup_max": 4}
         config["num_speculative_tokens"] = settings.values.NUM_SPEC_TOKENS
         return json.dumps(config, separators=(",", ":"))
     if settings.launcher == "dflash":
-        config = {"method": "dflash", "model": settings["DRAFT_MODEL"]}
+        config = {"method": "dflash", "model": text["DRAFT_MODEL"]}
     else:
         config = {"method": "mtp"}
     config["num_speculative_tokens"] = settings.values.NUM_SPEC_TOKENS
-    if settings.launcher == "dflash" and settings["DRAFT_ATTENTION_BACKEND"]:
-        config["attention_backend"] = settings["DRAFT_ATTENTION_BACKEND"]
+    if settings.launcher == "dflash" and text["DRAFT_ATTENTION_BACKEND"]:
+        config["attention_backend"] = text["DRAFT_ATTENTION_BACKEND"]
     config |= extra
     return json.dumps(config, separators=(",", ":"))
 
@@ -85,15 +86,16 @@ def cluster_args(settings: Settings, join_timeout_s: int) -> list[str]:
     --master-port and --distributed-timeout-seconds in `EngineArgs.add_cli_args`
     (engine/arg_utils.py), --headless in `make_arg_parser` (entrypoints/common/cli_args.py
     from 0.33); tests/launch/test_launchers.py parses them with the pinned and the next release."""
+    text = settings.text  # vLLM's argv and environment: the knobs' text
     if not settings.pair:
         return []
     args = [
-        "--nnodes", "2", "--node-rank", settings["CLUSTER_RANK"],
-        "--master-addr", settings["CLUSTER_HEAD_ADDR"], "--master-port", settings["CLUSTER_PORT"],
+        "--nnodes", "2", "--node-rank", text["CLUSTER_RANK"],
+        "--master-addr", text["CLUSTER_HEAD_ADDR"], "--master-port", text["CLUSTER_PORT"],
         "--distributed-executor-backend", "mp",
         "--distributed-timeout-seconds", str(join_timeout_s),
     ]  # fmt: skip
-    if settings["CLUSTER_LAYOUT"] == "pp":
+    if text["CLUSTER_LAYOUT"] == "pp":
         args += ["--pipeline-parallel-size", "2"]
     else:
         args += ["--tensor-parallel-size", "2"]
@@ -112,16 +114,18 @@ def drain_args(settings: Settings) -> list[str]:
     release gates them: --shutdown-timeout in engine/arg_utils.py (0.27.1: line 1643; 0.32: 1902;
     0.33: 1941), --middleware in entrypoints/openai/cli_args.py (0.27.1: line 301) and
     entrypoints/launchers/cli_args.py (0.32: 351; 0.33: 361)."""
+    text = settings.text  # vLLM's argv and environment: the knobs' text
     middleware = ACCESS_THEN_DRAIN if settings.values.SHUTDOWN_TIMEOUT_S > 0 else ACCESS_MIDDLEWARE
-    return ["--shutdown-timeout", settings["SHUTDOWN_TIMEOUT_S"], "--middleware", middleware]
+    return ["--shutdown-timeout", text["SHUTDOWN_TIMEOUT_S"], "--middleware", middleware]
 
 
 def allowed_hosts(settings: Settings) -> str:
     """SPARKSERVE_ALLOWED_HOSTS: the addresses the server is configured on (BIND_ADDRESS, HOST;
     wildcards dropped) and ALLOWED_HOSTS' names, or "*" when that knob says so."""
-    if settings["ALLOWED_HOSTS"] == "*":
+    text = settings.text  # vLLM's argv and environment: the knobs' text
+    if text["ALLOWED_HOSTS"] == "*":
         return "*"
-    names = [settings["BIND_ADDRESS"], settings["HOST"], *settings["ALLOWED_HOSTS"].split(",")]
+    names = [text["BIND_ADDRESS"], text["HOST"], *text["ALLOWED_HOSTS"].split(",")]
     return ",".join(dict.fromkeys(name for name in names if name not in WILDCARDS))
 
 
@@ -130,7 +134,8 @@ def origin_args(settings: Settings) -> list[str]:
     --allowed-origins takes it, a JSON list (entrypoints/launchers/cli_args.py). Given always,
     empty too: vLLM 0.32 and 0.34 default to none, but 0.27.1 to "*", every page
     (entrypoints/openai/cli_args.py:277), so the knob decides whatever the release."""
-    origins = [origin for origin in settings["ALLOWED_ORIGINS"].split(",") if origin]
+    text = settings.text  # vLLM's argv and environment: the knobs' text
+    origins = [origin for origin in text["ALLOWED_ORIGINS"].split(",") if origin]
     return ["--allowed-origins", json.dumps(origins)]
 
 
@@ -164,29 +169,30 @@ def start_caches(hf_home: str) -> dict[str, str]:
 
 
 def vllm_env(settings: Settings, host_ip: str) -> dict[str, str]:
+    text = settings.text  # vLLM's argv and environment: the knobs' text
     env = {
-        "HF_HOME": settings["HF_HOME"],
-        **start_caches(settings["HF_HOME"]),
-        "VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS": settings[
+        "HF_HOME": text["HF_HOME"],
+        **start_caches(text["HF_HOME"]),
+        "VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS": text[
             "VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS"
         ],
-        "SPARK_KEEP_BF16_LMHEAD": settings["SPARK_KEEP_BF16_LMHEAD"],
-        "SPARK_LMHEAD_CALIBRATE": settings["SPARK_LMHEAD_CALIBRATE"],
+        "SPARK_KEEP_BF16_LMHEAD": text["SPARK_KEEP_BF16_LMHEAD"],
+        "SPARK_LMHEAD_CALIBRATE": text["SPARK_LMHEAD_CALIBRATE"],
         # the rows the int8 head serves at most, for the plugin where vLLM's config has no
         # scheduler settings (sparkserve.in_vllm.lmhead.plugin.max_rows): this launch's, not a
         # default
         "SPARKSERVE_LMHEAD_ROWS": str(settings.lmhead_rows),
         # read by the access middleware inside vLLM (sparkserve.in_vllm.access)
-        "METRICS_OPEN": settings["METRICS_OPEN"],
-        "MAX_REQUEST_MB": settings["MAX_REQUEST_MB"],
+        "METRICS_OPEN": text["METRICS_OPEN"],
+        "MAX_REQUEST_MB": text["MAX_REQUEST_MB"],
         HOSTS_ENV: allowed_hosts(settings),
         # the fetch step has put every checkpoint into the cache: vLLM never downloads
         "HF_HUB_OFFLINE": "1",
     }
-    if settings["API_KEY"]:
+    if text["API_KEY"]:
         # through the environment, so that the key never shows in `ps` or in logs
-        env["VLLM_API_KEY"] = settings["API_KEY"]
-    if settings["HF_TOKEN"]:
+        env["VLLM_API_KEY"] = text["API_KEY"]
+    if text["HF_TOKEN"]:
         # vLLM runs offline: the fetch step downloads, with the token. The launcher's own
         # environment still holds it (the fetch reads it there): blanked for vLLM, which
         # huggingface_hub reads as no token.
@@ -197,20 +203,21 @@ def vllm_env(settings: Settings, host_ip: str) -> dict[str, str]:
         env["VLLM_HOST_IP"] = host_ip
         # The interface torch.distributed's Gloo backend binds to (PyTorch docs,
         # torch.distributed: "Choosing the network interface to use").
-        env["GLOO_SOCKET_IFNAME"] = settings["CLUSTER_IFACE"]
+        env["GLOO_SOCKET_IFNAME"] = text["CLUSTER_IFACE"]
         # The interface NCCL's bootstrap and socket transport use (NCCL docs: NCCL_SOCKET_IFNAME).
-        env["NCCL_SOCKET_IFNAME"] = settings["CLUSTER_IFACE"]
-        if settings["CLUSTER_IB_HCA"]:
+        env["NCCL_SOCKET_IFNAME"] = text["CLUSTER_IFACE"]
+        if text["CLUSTER_IB_HCA"]:
             # The RoCE devices NCCL's RDMA transport uses (NCCL docs: NCCL_IB_HCA); on a Spark
             # both halves of the cabled port give the full 200 Gb/s (docs/CLUSTER.md).
-            env["NCCL_IB_HCA"] = settings["CLUSTER_IB_HCA"]
+            env["NCCL_IB_HCA"] = text["CLUSTER_IB_HCA"]
     return env
 
 
 def memory_args(settings: Settings, vllm_version: str) -> tuple[list[str], list[str]]:
     """The KV pool's budget: GPU_MEM, KV_CACHE_GB's bytes when set, and on a release with the
     extensible KV cache the flag that keeps GPU_MEM a budget; and the note to print."""
-    argv = ["--gpu-memory-utilization", settings["GPU_MEM"]]
+    text = settings.text  # vLLM's argv and environment: the knobs' text
+    argv = ["--gpu-memory-utilization", text["GPU_MEM"]]
     if settings.kv_cache_bytes is not None:
         return [*argv, "--kv-cache-memory-bytes", str(settings.kv_cache_bytes)], []
     try:
@@ -227,26 +234,27 @@ def vllm_command(
 ) -> VllmCommand:
     """`vllm serve`'s arguments and environment. EXTRA_ARGS come last, so they can override
     anything before them."""
+    text = settings.text  # vLLM's argv and environment: the knobs' text
     argv = [
-        "--model", settings["MODEL"],
-        "--served-model-name", settings["SERVED_MODEL_NAME"],
-        "--host", settings["HOST"],
-        "--port", settings["PORT"],
+        "--model", text["MODEL"],
+        "--served-model-name", text["SERVED_MODEL_NAME"],
+        "--host", text["HOST"],
+        "--port", text["PORT"],
     ]  # fmt: skip
     budget, notes = memory_args(settings, vllm_version)
     argv += budget
     argv += [
-        "--max-model-len", settings["MAX_MODEL_LEN"],
-        "--max-num-seqs", settings["MAX_NUM_SEQS"],
-        "--max-num-batched-tokens", settings["MAX_BATCHED_TOKENS"],
-        "--load-format", settings["LOAD_FORMAT"],
+        "--max-model-len", text["MAX_MODEL_LEN"],
+        "--max-num-seqs", text["MAX_NUM_SEQS"],
+        "--max-num-batched-tokens", text["MAX_BATCHED_TOKENS"],
+        "--load-format", text["LOAD_FORMAT"],
     ]  # fmt: skip
     prefix_cache = settings.values.PREFIX_CACHE
     argv.append("--enable-prefix-caching" if prefix_cache else "--no-enable-prefix-caching")
-    if settings["TOOL_PARSER"]:
-        argv += ["--enable-auto-tool-choice", "--tool-call-parser", settings["TOOL_PARSER"]]
-    if settings["REASONING_PARSER"]:
-        argv += ["--reasoning-parser", settings["REASONING_PARSER"]]
+    if text["TOOL_PARSER"]:
+        argv += ["--enable-auto-tool-choice", "--tool-call-parser", text["TOOL_PARSER"]]
+    if text["REASONING_PARSER"]:
+        argv += ["--reasoning-parser", text["REASONING_PARSER"]]
     if not settings.values.THINKING:
         argv += ["--default-chat-template-kwargs", json.dumps(NO_THINKING)]
     argv += drain_args(settings)
@@ -266,5 +274,5 @@ def vllm_command(
     argv += cluster_args(settings, join_timeout_s(settings))
     if settings.speculating:
         argv += ["--speculative-config", speculative_config(settings, speculative_fields)]
-    argv += shlex.split(settings["EXTRA_ARGS"])
+    argv += shlex.split(text["EXTRA_ARGS"])
     return VllmCommand(tuple(argv), vllm_env(settings, host_ip), tuple(notes))

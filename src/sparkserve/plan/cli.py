@@ -135,7 +135,7 @@ def cluster_shape(args: argparse.Namespace, env: Mapping[str, str]) -> tuple[int
                 f"--layout={args.layout!r}: applies to two nodes (--nodes 2 or CLUSTER_NODES=2)"
             )
         return 1, None
-    return nodes, settings["CLUSTER_LAYOUT"]
+    return nodes, settings.values.CLUSTER_LAYOUT
 
 
 def run(args: argparse.Namespace, env: Mapping[str, str] | None = None) -> int:

@@ -177,7 +177,7 @@ def lmhead_reclaim_bytes(config: dict[str, Any]) -> int:
 def _fixed_pool_problem(settings: Settings, left: int) -> str:
     return (
         f"leaves {left / GIB:.1f} GiB to the OS, less than "
-        f"OS_RESERVE_GB={settings['OS_RESERVE_GB']}"
+        f"OS_RESERVE_GB={settings.text['OS_RESERVE_GB']}"
     )
 
 
@@ -205,21 +205,21 @@ class Sources:
     def dtypes(self) -> Dtypes:
         """The dtypes handed to vLLM: config.json's, or the launcher's EXTRA_ARGS flags, by
         vLLM's rules on a Spark (sparkserve.memory.dtypes), never the environment's defaults."""
-        return resolve_dtypes(self.config, launcher_flags(self.settings["EXTRA_ARGS"]))
+        return resolve_dtypes(self.config, launcher_flags(self.settings.values.EXTRA_ARGS))
 
     @property
     def values(self) -> dict[str, str]:
         """The knobs the plan reads, as text (its JSON's "inputs"); DRAFT_MODEL when a
         drafter drafts."""
         names = [n for n in PLAN_KNOBS if n != "DRAFT_MODEL" or self.drafter_dir is not None]
-        return {name: self.settings[name] for name in names}
+        return {name: self.settings.text[name] for name in names}
 
 
 def read_sources(args: argparse.Namespace, env: Mapping[str, str]) -> Sources:
     """UsageError / CheckpointError / KnobError on input."""
     settings = _resolve_inputs(args, env)
     home = hf_home(dict(env))
-    target_dir = locate(settings["MODEL"], home)
+    target_dir = locate(settings.values.MODEL, home)
     config = read_config(target_dir)
     found = weights(target_dir)
     if args.weights_gib is not None:
@@ -228,14 +228,14 @@ def read_sources(args: argparse.Namespace, env: Mapping[str, str]) -> Sources:
         weights_bytes, source = found.bytes, found.source
     else:
         raise UsageError(
-            f"MODEL={settings['MODEL']}: no safetensors files or index in {target_dir}; "
+            f"MODEL={settings.text['MODEL']}: no safetensors files or index in {target_dir}; "
             "pass --weights-gib"
         )
     spec_method = args.method if args.method != "none" and settings.speculating else None
     drafter_dir: Path | None = None
     drafter_bytes = 0
     if spec_method == "dflash":
-        drafter_dir = locate(settings["DRAFT_MODEL"], home)
+        drafter_dir = locate(settings.values.DRAFT_MODEL, home)
         read_config(drafter_dir)
         if args.drafter_weights_gib is not None:
             drafter_bytes = int(args.drafter_weights_gib * GIB)
@@ -361,7 +361,7 @@ def make_plan(args: argparse.Namespace, env: Mapping[str, str]) -> Plan:
         plan.problems.append(problem)
     if plan.kv_bytes <= 0:
         plan.problems.append(
-            f"no memory left for the KV cache: GPU_MEM={settings['GPU_MEM']} of "
+            f"no memory left for the KV cache: GPU_MEM={settings.text['GPU_MEM']} of "
             f"{total / GIB:.1f} GiB is {plan.vllm_share_bytes / GIB:.1f} GiB, the weights and "
             f"overhead take {(plan.vllm_share_bytes - plan.kv_bytes) / GIB:.1f} GiB"
         )
@@ -380,7 +380,7 @@ def make_plan(args: argparse.Namespace, env: Mapping[str, str]) -> Plan:
     if plan.kv.max_concurrency < 1:
         plan.problems.append(
             f"the KV pool ({plan.kv.pool_tokens:,} tokens) holds less than one request of "
-            f"MAX_MODEL_LEN={settings['MAX_MODEL_LEN']}"
+            f"MAX_MODEL_LEN={settings.text['MAX_MODEL_LEN']}"
         )
     elif plan.kv.max_concurrency < seqs:
         plan.inputs["note"] = (

@@ -120,8 +120,8 @@ def prepare(args: argparse.Namespace, env: Mapping[str, str], stem: str, tool: s
     """Before any restart: the server reached with the knobs of `env` (its URL and key), the
     output folder, the checked driver, and the server's own settings; a pair is refused."""
     settings = resolve_settings(env, launcher_of(args))
-    url = args.url or f"http://127.0.0.1:{settings['PORT']}"
-    server = Server(url, settings["API_KEY"])
+    url = args.url or f"http://127.0.0.1:{settings.values.PORT}"
+    server = Server(url, settings.values.API_KEY)
     info = server.probe(args.model or None)
     out = output_folder(args.out, stem)
     driver = make_driver(args, env, url, out)

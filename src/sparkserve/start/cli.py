@@ -87,7 +87,7 @@ def decide(
     mode = settings.values.DRY_RUN
     if mode != "1":
         line = guard_record.refusal(
-            marker_path(settings["HF_HOME"]), settings.values.GUARD_RESUME,
+            marker_path(settings.values.HF_HOME), settings.values.GUARD_RESUME,
             guard_record.state_dir(env), prog, look=mode == "strict",
         )  # fmt: skip
         if line:
@@ -97,7 +97,7 @@ def decide(
         except FetchError as error:
             raise Refused(EXIT_CHECKPOINT, f"{prog}: {error}") from error
     version = installed_vllm()
-    shipped = recipes.geometry_of(settings["MODEL"])
+    shipped = recipes.geometry_of(settings.values.MODEL)
     hybrid, note = target_is_hybrid(settings, str(shipped) if shipped is not None else None)
     command = vllm_command(settings, version, hybrid, address)
     for line in [*notes, *(f"vLLM {version}: {why}" for why in command.notes), note]:
@@ -117,7 +117,7 @@ def dry_run_text(start: Start, prog: str) -> str:
     """The exact environment and commands of the start, secrets hidden."""
     launcher = start.settings.launcher
     # the fetch this step makes, as the command that makes the same one
-    offline = f"HF_HUB_OFFLINE={start.settings['HF_OFFLINE']}"
+    offline = f"HF_HUB_OFFLINE={start.settings.text['HF_OFFLINE']}"
     fetch = ["env", offline, "python3", "-m", "sparkserve", "fetch", "--launcher", launcher,
              "--prog", LAUNCHER_SCRIPTS[launcher]]  # fmt: skip
     lines = [f"{prog}: dry run (vLLM {start.version} found); nothing started"]
@@ -132,7 +132,7 @@ def dry_run_text(start: Start, prog: str) -> str:
 
 
 def banner(start: Start, prog: str) -> str:
-    s = start.settings
+    s = start.settings.text
     return (
         f"{prog}: starting vLLM {start.version}: {s['MODEL']} on {s['HOST']}:{s['PORT']} "
         f"(GPU_MEM {s['GPU_MEM']} of {start.total_bytes / GIB:.1f} GiB, prefix cache "

@@ -167,10 +167,10 @@ def watch_for(env: Mapping[str, str], clock: Callable[[], float]) -> tuple[PairW
     settings = tool_settings(env)
     if not settings.pair:
         return None, ""
-    host = settings["CLUSTER_HEAD_ADDR"]
+    host = settings.values.CLUSTER_HEAD_ADDR
     if not host:
         return None, "CLUSTER_NODES=2 but CLUSTER_HEAD_ADDR is empty: judging this host alone"
-    secret = settings["CLUSTER_SECRET"].encode()  # the tool's knobs: .env's included
+    secret = settings.values.CLUSTER_SECRET.encode()  # the tool's knobs: .env's included
     watch = PairWatch(host, settings.values.CLUSTER_WATCH_PORT, clock, secret)
     try:
         readings_of(wire.request(host, watch.port, {"kind": "probe"}, TIMEOUT_S, secret))

@@ -159,7 +159,7 @@ def _default_restart_s(args: argparse.Namespace, served: Settings) -> float:
 
 def _weights_bytes(settings: Settings) -> tuple[int, str]:
     try:
-        directory = checkpoint.locate(settings["MODEL"], Path(settings["HF_HOME"]))
+        directory = checkpoint.locate(settings.values.MODEL, Path(settings.values.HF_HOME))
         found = checkpoint.weights(directory)
     except checkpoint.CheckpointError:
         found = None

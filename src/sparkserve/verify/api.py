@@ -15,11 +15,11 @@ from sparkserve.launch.settings import Settings
 
 
 def probe_for(server: Any, model: str, settings: Settings, out: Path) -> Probe:
-    return Probe(server=server, key=settings["API_KEY"], model=model, speculative=False,
+    return Probe(server=server, key=settings.values.API_KEY, model=model, speculative=False,
                  head_report_dir=out, int8_head=False, cuda=False,
                  metrics_open=settings.values.METRICS_OPEN,
                  tool_format=model_tool_format(settings),
-                 tool_parser=settings["TOOL_PARSER"])  # fmt: skip
+                 tool_parser=settings.values.TOOL_PARSER)  # fmt: skip
 
 
 def model_tool_format(settings: Settings) -> str:
@@ -73,10 +73,10 @@ def steps(probe: Probe, settings: Settings, max_len: int) -> list[tuple[str, Cal
         ("stream", lambda: checks.check_stream(probe)),
         ("error bodies", lambda: check_error_bodies(probe, max_len)),
     ]
-    if settings["TOOL_PARSER"]:
+    if settings.values.TOOL_PARSER:
         found.append(("tool call", lambda: checks.check_tool_call(probe)))
         found.append(("tool arguments", lambda: checks.check_tool_arguments(probe)))
-    if settings["REASONING_PARSER"]:
+    if settings.values.REASONING_PARSER:
         found.append(("reasoning", lambda: checks.check_reasoning(probe)))
     return found
 
@@ -86,8 +86,8 @@ def skipped(probe: Probe, settings: Settings) -> list[Result]:
     notes = []
     if not probe.key:
         notes.append(not_tested("key", "no API_KEY: every route is open"))
-    if not settings["TOOL_PARSER"]:
+    if not settings.values.TOOL_PARSER:
         notes.append(not_tested("tool call", "no TOOL_PARSER"))
-    if not settings["REASONING_PARSER"]:
+    if not settings.values.REASONING_PARSER:
         notes.append(not_tested("reasoning", "no REASONING_PARSER"))
     return notes

@@ -113,7 +113,7 @@ def chosen_profile(args: argparse.Namespace) -> Profile:
 def _knobs(settings: Settings) -> tuple[dict[str, str], str, str]:
     """The knobs the tool read (secrets left out), the image and the recipe."""
     shown = {k: v for k, v in settings.text.items() if not BY_NAME[k].secret}
-    return shown, settings.image, settings["RECIPE"]
+    return shown, settings.image, settings.values.RECIPE
 
 
 def _run(args: argparse.Namespace, env: Mapping[str, str]) -> int:
