@@ -5,16 +5,20 @@ built, tested and applied by hand (`sparkserve patch NAME`) or by a GPU check
 (benchmarks/gpu/), not by the image, until a run on a GPU backs them (docs/PATCHES.md).
 """
 
+from sparkserve.patching.cpu_conv_layout import CPU_CONV_LAYOUT
 from sparkserve.patching.engine import Finding, Patch, PatchError, PatchInfo, State
 from sparkserve.patching.page_divide import PAGE_DIVIDE
 from sparkserve.patching.prefix_align import PREFIX_ALIGN
 from sparkserve.patching.startup_stop import STARTUP_STOP
 
-ALL_PATCHES: dict[str, Patch] = {patch.info.name: patch for patch in (PREFIX_ALIGN, STARTUP_STOP)}
+ALL_PATCHES: dict[str, Patch] = {
+    patch.info.name: patch for patch in (PREFIX_ALIGN, STARTUP_STOP, CPU_CONV_LAYOUT)
+}
 TRIAL_PATCHES: dict[str, Patch] = {PAGE_DIVIDE.info.name: PAGE_DIVIDE}
 
 __all__ = [
     "ALL_PATCHES",
+    "CPU_CONV_LAYOUT",
     "PAGE_DIVIDE",
     "PREFIX_ALIGN",
     "STARTUP_STOP",
