@@ -18,14 +18,19 @@ TEXT_READERS = {
     "plan/single.py": "its JSON's inputs and its messages quote each value as set",
     "plan/recipes_cli.py": "`recipes show` prints the knobs the launcher resolves",
     "bench/benchy/cli.py": "the report names the settings it ran with (secrets left out)",
+    "tune/cli.py": "the starting value it puts back into the server's environment",
 }
 
 
+# The names a Settings goes by in src: the settings, and what a running server was started with.
+SETTINGS_NAMES = {"settings", "served"}
+
+
 def is_settings(node: ast.expr | None) -> bool:
-    """`settings`, or `<anything>.settings`."""
+    """`settings` / `served`, or `<anything>.settings` / `<anything>.served`."""
     if isinstance(node, ast.Name):
-        return node.id == "settings"
-    return isinstance(node, ast.Attribute) and node.attr == "settings"
+        return node.id in SETTINGS_NAMES
+    return isinstance(node, ast.Attribute) and node.attr in SETTINGS_NAMES
 
 
 def reads_of_text(path: Path) -> list[int]:

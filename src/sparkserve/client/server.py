@@ -151,21 +151,21 @@ class Server:
             raise PreflightError(f"server not usable: {exc}") from None
         try:
             entries = [e for e in listing["data"] if isinstance(e, dict)]
-            served = tuple(str(e["id"]) for e in entries)
+            names = tuple(str(e["id"]) for e in entries)
         except (TypeError, KeyError):
             raise PreflightError(f"{self.url}/v1/models: not an OpenAI model list") from None
         if model is None:
-            if len(served) != 1:
+            if len(names) != 1:
                 raise PreflightError(
-                    f"the server serves {len(served)} models ({', '.join(served) or 'none'}): "
+                    f"the server serves {len(names)} models ({', '.join(names) or 'none'}): "
                     "name one with --model"
                 )
-            model = served[0]
-        if model not in served:
+            model = names[0]
+        if model not in names:
             raise PreflightError(
-                f"model {model!r} is not served by {self.url}; it serves: {', '.join(served)}"
+                f"model {model!r} is not served by {self.url}; it serves: {', '.join(names)}"
             )
-        entry = entries[served.index(model)]
+        entry = entries[names.index(model)]
         max_len = entry.get("max_model_len")
         source = "--pool-tokens"
         if pool_tokens is None:
@@ -178,7 +178,7 @@ class Server:
             source = "unknown"
         return ServerInfo(
             model=model,
-            served=served,
+            served=names,
             max_model_len=int(max_len) if isinstance(max_len, int | float) else None,
             pool_tokens=pool_tokens,
             pool_source=source,

@@ -1,13 +1,13 @@
 """cpu-conv-layout: vLLM's CPU GatedDeltaNet must hand its conv kernel the layout it checks.
 
-On a CPU with AMX (or Arm bf16) vLLM's CPU build runs the GatedDeltaNet's prefill conv in its
-C++ kernel, `_causal_conv1d_fwd_cpu`, which refuses an `x` that is not the (dim, tokens)
-transpose of a row-major (tokens, dim) buffer ("expect x to be transposed"). Its callers pass
-`mixed_qkv[...].transpose(0, 1)`, where mixed_qkv is a column slice of the projection: for a
-prefill of one token (a prompt sent again, all but its last token found in the prefix cache)
-that slice counts as contiguous to `.contiguous()` yet keeps the projection's row stride, the
-kernel refuses it, and the engine dies. Copying x to the kernel's layout when it is not already
-in it fixes every caller; every other input passes through untouched.
+On a CPU with AVX-512 BF16 or AMX (or Arm bf16) vLLM's CPU build runs the GatedDeltaNet's
+prefill conv in its C++ kernel, `_causal_conv1d_fwd_cpu`, which refuses an `x` that is not the
+(dim, tokens) transpose of a row-major (tokens, dim) buffer ("expect x to be transposed"). Its
+callers pass `mixed_qkv[...].transpose(0, 1)`, where mixed_qkv is a column slice of the
+projection: for a prefill of one token (a prompt sent again, all but its last token found in the
+prefix cache) that slice counts as contiguous to `.contiguous()` yet keeps the projection's row
+stride, the kernel refuses it, and the engine dies. Copying x to the kernel's layout when it is not
+already in it fixes every caller; every other input passes through untouched.
 """
 
 from __future__ import annotations
@@ -53,9 +53,9 @@ class CpuConvLayoutPatch(Patch):
             "it."
         ),
         why=(
-            "On an AMX or Arm-bf16 CPU a one-token prefill of a GatedDeltaNet model (a prompt "
-            "sent again with prefix caching) kills vLLM's engine: 'causal_conv1d_fwd_cpu: "
-            "expect x to be transposed'."
+            "On an AVX-512 BF16, AMX or Arm-bf16 CPU a one-token prefill of a GatedDeltaNet "
+            "model (a prompt sent again with prefix caching) kills vLLM's engine: "
+            "'causal_conv1d_fwd_cpu: expect x to be transposed'."
         ),
         upstream="not reported upstream yet (found by sparkserve, 2026-12-06)",
         affected="0.32.0 - 0.34.0 (every release checked that has the function)",

@@ -230,8 +230,8 @@ def _recommend(args: argparse.Namespace, knob: str, value: str) -> int:
 def _memory(args: argparse.Namespace, env: Mapping[str, str]) -> int:
     server, info, out, driver, served = prepare(args, env, "tune-memory", "tune")
     default_restart = _default_restart_s(args, served)
-    knob = args.knob or ("KV_CACHE_GB" if served["KV_CACHE_GB"] else "GPU_MEM")
-    start_value = served[knob]
+    knob = args.knob or ("KV_CACHE_GB" if served.values.KV_CACHE_GB is not None else "GPU_MEM")
+    start_value = served.text[knob]  # as set: what a restart puts back
     if not start_value:
         raise cl.UsageError(f"{knob} is not set on the server: tune GPU_MEM (--knob GPU_MEM)")
     reserve = args.os_reserve_gb if args.os_reserve_gb is not None else served.values.OS_RESERVE_GB
@@ -259,12 +259,12 @@ def _memory(args: argparse.Namespace, env: Mapping[str, str]) -> int:
     restarts = Restarter(driver, {knob: start_value}, args.healthy_timeout_s, say, "tune")
     # The guard's stop record: the stress run judges it only where it is a path of this host
     # (the launcher driver); the driver reads it either way (a container's through Docker).
-    record = marker_path(served["HF_HOME"]) if args.driver == "launcher" else None
+    record = marker_path(served.values.HF_HOME) if args.driver == "launcher" else None
     out.mkdir(parents=True, exist_ok=True)
     trials, kept = run_memory_loop(
         restarts, knob, candidates,
         _stress(args, env, server.url, info.model, reserve, record), out,
-        lambda since: driver.guard_stop(served["HF_HOME"], since), args.stress_s,
+        lambda since: driver.guard_stop(served.values.HF_HOME, since), args.stress_s,
         default_restart, say,
     )  # fmt: skip
     result = {
@@ -309,13 +309,13 @@ def _draft(args: argparse.Namespace, env: Mapping[str, str]) -> int:
     default_restart = _default_restart_s(args, served)
     if (
         not served.speculating
-        and served["SPEC_METHOD"] == ""
+        and served.values.SPEC_METHOD == ""
         and served.launcher == "dflash"
-        and not served["DRAFT_MODEL"]
+        and not served.values.DRAFT_MODEL
     ):
         raise cl.UsageError("the server has no drafter (DRAFT_MODEL empty)")
-    method = served["SPEC_METHOD"] or served.launcher
-    start_value = served["NUM_SPEC_TOKENS"]
+    method = served.values.SPEC_METHOD or served.launcher
+    start_value = served.text["NUM_SPEC_TOKENS"]  # as set: what a restart puts back
     refused = _draft_refusals(served, lengths, driver.knobs())
     measure_s = args.measure_s
     if measure_s is None:

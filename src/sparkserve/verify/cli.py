@@ -164,20 +164,20 @@ def _verdicts(
 ) -> list[tuple[str, Result]]:
     """The comparisons' results; `named`: the checks --checks named (claims of their own)."""
     found: list[tuple[str, Result]] = []
-    served = got.runs[phases.SERVED]
+    served_runs = got.runs[phases.SERVED]
     if "prefix" in checks and not uses.prefix_cache:
         found.append(_unused("prefix caching vs off", "PREFIX_CACHE=0", "prefix" in named))
     elif "prefix" in checks:
-        first = {name: served[name] for name in got.repeat}
+        first = {name: served_runs[name] for name in got.repeat}
         repeated = compare.same_runs("repeat", got.repeat, first, tie)
-        off = compare.same_runs("cache off", served, got.runs[phases.PREFIX_OFF], tie)
+        off = compare.same_runs("cache off", served_runs, got.runs[phases.PREFIX_OFF], tie)
         verdict = compare.prefix_caching(got.repeat_hits, repeated, off)
         found.append((phases.PREFIX_OFF, verdict))
     if "speculation" in checks and not uses.speculating:
         found.append(_unused("speculation vs plain", "NUM_SPEC_TOKENS=0", "speculation" in named))
     elif "speculation" in checks:
         plain = got.runs[phases.PLAIN]
-        verdict = compare.speculation(served, plain, got.scores[phases.SERVED], tie, got.spec)
+        verdict = compare.speculation(served_runs, plain, got.scores[phases.SERVED], tie, got.spec)
         found.append((phases.PLAIN, verdict))
     if "head" in checks and not uses.int8_head:
         found.append(_unused("int8 head vs bf16", "SPARK_KEEP_BF16_LMHEAD=1", "head" in named))
@@ -205,7 +205,7 @@ def _verify(args: argparse.Namespace, env: Mapping[str, str]) -> int:
     named = frozenset(checks) if args.checks != DEFAULT_CHECKS else frozenset()
     server, info, out, driver, served = prepare(args, env, "verify", "verify")
     uses = phases.Uses.of(served)
-    max_delta, tie, limits_source = _limits(args, served["RECIPE"])
+    max_delta, tie, limits_source = _limits(args, served.values.RECIPE)
     plan = phases.plan(uses, checks)
     max_len = info.max_model_len or served.values.MAX_MODEL_LEN
     say(f"[verify] {info.model} at {server.url}: speculation {'on' if uses.speculating else 'off'}"
@@ -240,7 +240,7 @@ def _verify(args: argparse.Namespace, env: Mapping[str, str]) -> int:
         "tool": PROG, "version": __version__, "prompt_set": VERSION,
         "started_at": started_at.isoformat(timespec="seconds"), "url": server.url,
         "model": info.model, "driver": args.driver, "launcher": served.launcher,
-        "image": served.image, "recipe": served["RECIPE"], "vllm": server.vllm_version(),
+        "image": served.image, "recipe": served.values.RECIPE, "vllm": server.vllm_version(),
         "uses": asdict(uses), "settings": [asdict(p) for p in plan],
         "gen_tokens": args.gen_tokens, "head_max_delta": max_delta, "numeric_tie": tie,
         "limits": limits_source, "restart_s": restarter.took_s,
