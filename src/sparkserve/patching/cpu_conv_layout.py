@@ -14,7 +14,14 @@ from __future__ import annotations
 
 import ast
 
-from sparkserve.patching.engine import Finding, LineSpan, Patch, PatchInfo, State
+from sparkserve.patching.engine import (
+    Finding,
+    LineSpan,
+    Patch,
+    PatchInfo,
+    State,
+    statement_lines,
+)
 
 FUNCTION = "_causal_conv1d_fwd_cpu"
 KERNEL = "causal_conv1d_fwd_cpu"
@@ -84,11 +91,7 @@ class CpuConvLayoutPatch(Patch):
         # region stays a block of its own).
         statement = body[first]
         start, end = statement.lineno - 1, statement.end_lineno or statement.lineno
-        lines = source.splitlines(keepends=True)
-        indent = lines[start][: len(lines[start]) - len(lines[start].lstrip(" \t"))]
-        kept = lines[start:end]
-        if not kept[-1].endswith(("\n", "\r")):
-            kept[-1] += "\n"
+        indent, kept = statement_lines(source, start, end)
         detail = f"{where} passes x to the kernel in whatever layout it came"
         return Finding(State.NEEDED, detail), LineSpan(
             start, end, [*(f"{indent}{line}" for line in FIX), *kept]

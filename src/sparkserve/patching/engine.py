@@ -59,6 +59,17 @@ class LineSpan:
     new_lines: list[str]
 
 
+def statement_lines(source: str, start: int, end: int) -> tuple[str, list[str]]:
+    """Lines [start, end) of `source`, 0-based, each ending in a newline, and the first one's
+    indent: what a patch keeps of the statements it replaces, at their indent."""
+    lines = source.splitlines(keepends=True)
+    indent = lines[start][: len(lines[start]) - len(lines[start].lstrip(" \t"))]
+    kept = lines[start:end]
+    if not kept[-1].endswith(("\n", "\r")):
+        kept[-1] += "\n"
+    return indent, kept
+
+
 class PatchError(Exception):
     """The patch cannot be applied or reverted; the message is one line for the user."""
 

@@ -12,7 +12,14 @@ from __future__ import annotations
 
 import ast
 
-from sparkserve.patching.engine import Finding, LineSpan, Patch, PatchInfo, State
+from sparkserve.patching.engine import (
+    Finding,
+    LineSpan,
+    Patch,
+    PatchInfo,
+    State,
+    statement_lines,
+)
 
 FUNCTION = "zmq_socket_ctx"
 
@@ -77,11 +84,7 @@ class StartupStopPatch(Patch):
                 "statements",
             ), None
         start, end = body[0].lineno - 1, body[-1].end_lineno or body[-1].lineno
-        lines = source.splitlines(keepends=True)
-        indent = lines[start][: len(lines[start]) - len(lines[start].lstrip(" \t"))]
-        kept = lines[start:end]
-        if not kept[-1].endswith(("\n", "\r")):
-            kept[-1] += "\n"
+        indent, kept = statement_lines(source, start, end)
         detail = f"{where} lines {start + 1}-{end} swallow KeyboardInterrupt"
         return Finding(State.NEEDED, detail), LineSpan(start, end, [*kept, f"{indent}raise\n"])
 
