@@ -113,6 +113,10 @@ def test_llama_benchy_stopped_by_ctrl_c_keeps_what_it_measured(
     # the first test's row is kept whole; the interrupt may land before or after llama-benchy
     # saved the second test's row: if saved, it is kept and labelled cut short
     row, *late = document["rows"]
-    assert row["concurrency"] == 1 and row["tg_throughput"]["mean"] > 0 and not row["cut_short"]
+    assert row["concurrency"] == 1 and row["e2e_ttft"]["mean"] > 0 and not row["cut_short"]
+    # llama-benchy times decoding between a stream's content chunks and leaves the figure out
+    # when all tokens came in one; vLLM merges the deltas of a reader that falls behind
+    # (`RequestOutputCollector.put`): CI's loaded 2-core run of 2026-12-06 got such a row
+    assert row["tg_throughput"] is None or row["tg_throughput"]["mean"] > 0, row
     assert len(late) <= 1 and all(r["concurrency"] == 2 and r["cut_short"] for r in late), late
     assert "(cut short)" in (out / "benchy.md").read_text()
