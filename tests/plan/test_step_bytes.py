@@ -78,12 +78,20 @@ def test_int4_weights_read_half_a_byte_and_a_scale_per_group() -> None:
         **TINY,
         "quantization_config": {
             "quant_method": "auto-round", "bits": 4, "group_size": 8, "sym": True,
-            "extra_config": {r"linear_attn\.in_proj_[ab]$": {"bits": 16}},
+            "extra_config": {
+                r"linear_attn\.in_proj_[ab]$": {"bits": 16},
+                r"mlp\.shared_expert\.(gate|up|down)_proj$": {"bits": 16},
+            },
         },
     }  # fmt: skip
     step = step_bytes(geometry(config), quantization(config), head="bf16", context=0)
     # 0.5 B + 2 B / 8 = 0.75 B a weight: one expert 3 x 64 x 0.75 = 144, x 2 x 4 layers
     assert step.by_kind["routed_experts"] == pytest.approx(1152)
+    # the shared expert's three projections kept at 16 bits: the bf16 count by hand
+    assert step.by_kind["shared_experts"] == pytest.approx(HAND_ONE_STREAM["shared_experts"])
+    unkept = {**config["quantization_config"], "extra_config": {}}
+    plain = step_bytes(geometry(config), quantization({**config, "quantization_config": unkept}))
+    assert plain.by_kind["shared_experts"] == pytest.approx(4 * (3 * 64 * 0.75 + 16))
     # qkvz 192 x 0.75 144 + b,a kept 32 + 32 + conv 64 + 16 + norm 8 + out 64 x 0.75 48
     assert step.by_kind["gdn"] == pytest.approx(3 * 344)
 

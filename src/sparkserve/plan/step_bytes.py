@@ -223,8 +223,12 @@ def step_bytes(
     ) * g.gdn_layers
     one_expert = 3 * _linear(g.expert_intermediate, h, quant, "mlp.experts")
     routed = one_expert * experts_touched(g.experts, g.experts_per_token, streams) * g.layers
+    # each projection by the name vLLM resolves its quantization for (extra_config keys may
+    # name one projection, or a pattern over them)
     shared = (
-        3 * _linear(g.shared_intermediate, h, quant, "mlp.shared_expert")
+        _linear(g.shared_intermediate, h, quant, "mlp.shared_expert.gate_proj")
+        + _linear(g.shared_intermediate, h, quant, "mlp.shared_expert.up_proj")
+        + _linear(h, g.shared_intermediate, quant, "mlp.shared_expert.down_proj")
         + h * BF16  # shared_expert_gate (one output)
     ) * g.layers
     router = g.experts * h * BF16 * g.layers
