@@ -44,6 +44,9 @@
 #                            figure; OUT/decode_speed.json and .png, the server logs as
 #                            OUT/decode_speed_logs.tgz. HEADS=int8 or HEADS=bf16 runs one head
 #                            (one call each, if one call's 600 s do not hold both)
+#   TRIAL_PATCH=NAME         selftest and verify with a trial patch (docs/PATCHES.md, e.g.
+#                            hybrid-page-divide) applied to the installed vLLM for the run and
+#                            reverted after it, as starts.py does for its page-divide cases
 #
 # Every step prints its seconds; the host's own torch, triton and CUDA stay as they are.
 set -euo pipefail
@@ -125,6 +128,13 @@ gpu_tests() {
     python3 -m pytest -p no:cacheprovider -q tests/in_vllm/lmhead)
 }
 
+# TRIAL_PATCH's patch applied to (or, with --revert, taken off) the installed vLLM; nothing
+# without TRIAL_PATCH. An unknown name is sparkserve patch's own one-line refusal.
+trial_patch() {
+  [[ -n "${TRIAL_PATCH:-}" ]] || return 0
+  python3 -m sparkserve patch "${TRIAL_PATCH}" "$@"
+}
+
 # the GPU, its memory and driver, printed and kept in OUT/gpu.txt
 gpu_line() {
   nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$1/gpu.txt"
@@ -173,10 +183,12 @@ selftest() {
   # what this host needs that the Spark image does not: no flashinfer in the bundle (FACTS
   # "vLLM's CUDA build on an H200 host")
   local status=0
+  trial_patch
   HF_HOME="${ROOT}/hf" VLLM_USE_FLASHINFER_SAMPLER=0 \
     EXTRA_ARGS="--additional-config '{\"gdn_prefill_backend\": \"triton\"}'" \
     timeout -s INT -k 20 "${left}" python3 -u -m sparkserve selftest --cases "${cases}" \
     --out "${ROOT}/selftest" --start-timeout-s "${START_TIMEOUT_S:-540}" || status=$?
+  trial_patch --revert
   echo "after: $(cache_files)" | tee -a "${out}/caches.txt"
   tar -C "${ROOT}" -czf "${out}/selftest.tgz" selftest
   rm -rf "${ROOT}/selftest"
@@ -231,6 +243,7 @@ verify_run() {
   # environment, so every restart's too
   export HF_HOME="${ROOT}/hf" VLLM_USE_FLASHINFER_SAMPLER=0
   export EXTRA_ARGS="--additional-config '{\"gdn_prefill_backend\": \"triton\"}'"
+  trial_patch
   step "serve.sh: the selftest's models (default recipe, 8 layers), DFlash, int8 head, prefix caching"
   if python3 -u "${REPO}/benchmarks/gpu/verify_server.py" --work "${work}" \
       --timeout-s "${START_TIMEOUT_S:-900}"; then
@@ -253,6 +266,7 @@ verify_run() {
     step "serve.sh: not healthy (exit ${status})"
   fi
   stop_server "${work}"
+  trial_patch --revert
   echo "${status}" > "${work}/rc"
 }
 
