@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # h200.sh: this project on a borrowed CUDA host (the H200 of the device tool; not a GB10), with
-# vLLM's CUDA build carried in as ../shared/gpu/bundle.sh packs it (4 parts; one device call
-# carries at most 64 MiB, so one part travels per call and waits in /tmp for the next).
+# vLLM's CUDA build carried in as ../shared/gpu/bundle.sh packs it (5 parts; one device call
+# carries at most 64 MiB with the tracked tree, so one part travels per call and waits in /tmp
+# for the next).
 #
-#   PART_MB=59 ../shared/gpu/bundle.sh .gl/bundle     here: p.0 .. p.3 in the ignored .gl/
+#   PART_MB=55 ../shared/gpu/bundle.sh .gl/bundle     here: p.0 .. p.4 in the ignored .gl/
 #   h200.sh stash N          on the host, one call per part (carry .gl/bundle/p.N; BUNDLE_DIR
 #                            names another folder of parts, e.g. .gl/bundle34 for a trial
 #                            release, and SPARKGPU_ROOT another install folder, so that two
