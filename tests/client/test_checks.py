@@ -85,6 +85,32 @@ DIVIDED_LOG = """(EngineCore pid=2042) INFO 12-06 01:40:00 [kv_cache_utils.py:86
 """  # noqa: E501
 
 
+# vLLM 0.33.0's lines on the H100 of 2026-12-06 (docs/data/runs/2026-12-06-h100-page-divide.md,
+# the selftest with hybrid-page-divide applied): vllm:cache_config_info said block_size 1120
+# there, and a 1400-token prompt sent again hit 1120 tokens
+ALIGN_LINE = ("(EngineCore pid=936) INFO 12-06 12:28:43 [interface.py:1108] Setting attention "
+              "block size to 2240 tokens to ensure that attention page size is >= mamba page "
+              "size.\n")  # fmt: skip
+DIVIDED_GPU_GROUPS = """(EngineCore pid=936) INFO 12-06 12:30:56 [kv_cache_utils.py:865] kv cache group sizes (2240, 2240, 2240, 2240, 1120, 1120, 1120)
+(EngineCore pid=936) INFO 12-06 12:30:56 [kv_cache_utils.py:866] kv lcm block sizes 2240
+"""  # noqa: E501
+DIVIDED_GPU_LOG = ALIGN_LINE + DIVIDED_GPU_GROUPS
+
+
+def test_sub_block_hits_follow_the_mamba_block_whichever_block_the_metrics_give() -> None:
+    """The GPU selftest of the divided layout: the metrics' block was the divisor (1120) and
+    the check asked for whole 2240s (the multiple) while hits came in 1120s. The Mamba block
+    from vLLM's align line decides: above the divisor, hits come in the divisor; on the stock
+    layout (Mamba block 2240 = the divisor) they stay whole multiples."""
+    for block in (1120, 2240):
+        unit, why = hit_unit(DIVIDED_GPU_LOG, block)
+        assert unit == 1120, block
+        assert why == ("hits land on 1120-token boundaries (the greatest common divisor of the "
+                       "KV cache groups' blocks, 1120 and 2240, below the 2240-token "
+                       "GatedDeltaNet block: vLLM's sub-block hits)")  # fmt: skip
+    assert hit_unit(ALIGN_LINE + DFLASH_LOG, 2240)[0] == 4480
+
+
 def test_prefix_hits_below_the_mamba_block_are_counted_in_the_groups_common_divisor() -> None:
     unit, why = hit_unit(DIVIDED_LOG, 2240)
     assert unit == 1120

@@ -385,6 +385,10 @@ def block_size(info: dict[str, str]) -> int | None:
 # group's block, and their least common multiple, the scheduler's block
 GROUP_BLOCKS = re.compile(r"kv cache group sizes \(([\d, ]+)\)")
 HIT_UNIT = re.compile(r"kv lcm block sizes (\d+)")
+# vLLM's line for a hybrid target in align mode (platforms/interface.py
+# `_align_hybrid_block_size`): the attention block that holds a GatedDeltaNet state, which is
+# the Mamba groups' block
+MAMBA_BLOCK = re.compile(r"Setting attention block size to (\d+) tokens")
 
 
 def hit_unit(log: str, block: int) -> tuple[int, str]:
@@ -398,6 +402,16 @@ def hit_unit(log: str, block: int) -> tuple[int, str]:
     groups = GROUP_BLOCKS.search(log)
     sizes = sorted({int(size) for size in groups.group(1).split(",")}) if groups else []
     named = " and ".join(str(size) for size in sizes) or "?"
+    mamba = MAMBA_BLOCK.search(log)
+    # vLLM's condition (kv_cache_utils `partial_hash_hits_enabled`): a Mamba block above the
+    # hash block; vllm:cache_config_info may give either block, so the log decides
+    if sizes and mamba and int(mamba.group(1)) > math.gcd(*sizes):
+        fine = math.gcd(*sizes)
+        return fine, (
+            f"hits land on {fine}-token boundaries (the greatest common divisor of the KV "
+            f"cache groups' blocks, {named}, below the {mamba.group(1)}-token GatedDeltaNet "
+            f"block: vLLM's sub-block hits)"
+        )
     if sizes and block in sizes and math.gcd(*sizes) < block:
         fine = math.gcd(*sizes)
         return fine, (
