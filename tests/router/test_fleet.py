@@ -1,14 +1,17 @@
 """`sparkserve doctor --fleet` against three real vLLM CPU servers (serve.sh over the tiny plain
 target, API_KEY set): two alike and a third with another served name, max_model_len, prefix
 caching off and n-gram speculation. The odd one is named with each field that differs and
-both values, by majority whatever the order; the two alike pass (from ROUTER_WORKERS); a
-missing or wrong key is a 401 row; a stopped replica is unreachable. Nothing is faked: each
-verdict comes from what the servers answer on /health, /v1/models, /version and /metrics."""
+both values, by majority whatever the order; the two alike pass (from ROUTER_WORKERS, the key
+from the environment or an --env-file); a missing or wrong key is a 401 row; a stopped replica
+is unreachable, and so is one that accepts the connection but never answers (a listening socket
+nobody reads: a hung host) once --fleet-timeout passes. Each verdict comes from what the servers
+answer on /health, /v1/models, /version and /metrics."""
 
 from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -119,6 +122,16 @@ def test_replicas_alike_pass_from_router_workers(fleet: list[VllmServer]) -> Non
     assert done.stdout.splitlines()[-1] == ALL_CLEAR
 
 
+def test_the_key_comes_from_an_env_file(fleet: list[VllmServer], tmp_path: Path) -> None:
+    a, b, _ = fleet
+    env_file = tmp_path / ".env"
+    env_file.write_text(f"API_KEY={KEY}\nROUTER_WORKERS={a.base_url} {b.base_url}\n")
+    done = doctor("--fleet", "--env-file", str(env_file), env={})
+    print(done.stdout)
+    assert (done.returncode, done.stderr) == (0, "")
+    assert done.stdout.splitlines()[-1] == ALL_CLEAR
+
+
 def test_a_missing_or_wrong_key_is_a_401_row(fleet: list[VllmServer]) -> None:
     a = fleet[0]
     for env, why in (
@@ -163,3 +176,15 @@ def test_a_stopped_replica_is_unreachable(fleet: list[VllmServer]) -> None:
         "unreachable: GET /health: connection refused (nothing listens there: stopped?)"
     )
     assert [found[s.base_url]["status"] for s in (a, b)] == ["ok", "ok"]
+
+
+def test_a_replica_that_never_answers_is_unreachable_after_the_timeout() -> None:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as hung:
+        hung.bind(("127.0.0.1", 0))
+        hung.listen()  # the kernel accepts the connection; nothing ever reads or answers
+        url = f"http://127.0.0.1:{hung.getsockname()[1]}"
+        done = doctor("--fleet", url, "--fleet-timeout", "1", "--json", env={})
+    assert done.returncode == 1
+    assert rows(done)[url] == {
+        "name": url, "status": "blocker", "detail": "unreachable: GET /health: timed out",
+    }  # fmt: skip

@@ -126,6 +126,11 @@ def get(url: str, path: str, key: str, timeout_s: float) -> Reply:
 
 def _refused(url: str, path: str, reply: Reply, key: str) -> str:
     """One line for an answer other than 200."""
+    if reply.status == 401 and path == HEALTH_PATH:
+        return (
+            f"HTTP 401 on {path} without a key: the router's health checks send none, so it "
+            "would take this replica out of rotation (not a sparkserve replica?)"
+        )
     if reply.status == 401:
         whose = "no API_KEY is set here" if not key else "the API_KEY here is not this replica's"
         return f"HTTP 401 on {path}: {whose}"
