@@ -23,8 +23,6 @@ from sparkserve.doctor.fleet import ALL_CLEAR
 from support.cpu_launch import launcher_server
 from support.vllm_server import VllmServer
 
-pytestmark = pytest.mark.e2e
-
 REPO = Path(__file__).resolve().parents[2]
 KEY = "fleet-test-key"
 ODD = {  # the third replica's knobs: each a field the doctor must name
@@ -83,6 +81,7 @@ def urls(*servers: VllmServer) -> list[str]:
     return [server.base_url for server in servers]
 
 
+@pytest.mark.e2e
 def test_the_odd_replica_is_named_with_each_field_and_both_values(
     fleet: list[VllmServer],
 ) -> None:
@@ -105,6 +104,7 @@ def test_the_odd_replica_is_named_with_each_field_and_both_values(
     assert table.stdout.splitlines()[-1] == f"blockers: {odd.base_url}"
 
 
+@pytest.mark.e2e
 def test_with_two_a_tie_goes_to_the_earliest(fleet: list[VllmServer]) -> None:
     a, _, odd = fleet
     found = rows(doctor("--fleet", *urls(a, odd), "--json", env={"API_KEY": KEY}))
@@ -114,6 +114,7 @@ def test_with_two_a_tie_goes_to_the_earliest(fleet: list[VllmServer]) -> None:
     assert found[a.base_url]["detail"].startswith("differs: model: here tiny, fleet tiny-other;")
 
 
+@pytest.mark.e2e
 def test_replicas_alike_pass_from_router_workers(fleet: list[VllmServer]) -> None:
     a, b, _ = fleet
     done = doctor("--fleet", env={"API_KEY": KEY, "ROUTER_WORKERS": ",".join(urls(a, b))})
@@ -122,6 +123,7 @@ def test_replicas_alike_pass_from_router_workers(fleet: list[VllmServer]) -> Non
     assert done.stdout.splitlines()[-1] == ALL_CLEAR
 
 
+@pytest.mark.e2e
 def test_the_key_comes_from_an_env_file(fleet: list[VllmServer], tmp_path: Path) -> None:
     a, b, _ = fleet
     env_file = tmp_path / ".env"
@@ -132,6 +134,7 @@ def test_the_key_comes_from_an_env_file(fleet: list[VllmServer], tmp_path: Path)
     assert done.stdout.splitlines()[-1] == ALL_CLEAR
 
 
+@pytest.mark.e2e
 def test_a_missing_or_wrong_key_is_a_401_row(fleet: list[VllmServer]) -> None:
     a = fleet[0]
     for env, why in (
@@ -164,6 +167,7 @@ def test_no_replica_at_all_is_one_line() -> None:
     )
 
 
+@pytest.mark.e2e
 def test_a_stopped_replica_is_unreachable(fleet: list[VllmServer]) -> None:
     """Last: it stops the odd replica."""
     a, b, odd = fleet
