@@ -22,6 +22,10 @@ def project(tmp_path: Path) -> Path:
     return tmp_path
 
 
+def published(service: dict) -> set[tuple[str, str, int]]:
+    return {(p["host_ip"], p["published"], p["target"]) for p in service["ports"]}
+
+
 def router_service(project: Path, env_file: str = "") -> dict:
     (project / ".env").write_text(env_file)
     return compose_config(project, None, "--profile", "router")["services"]["router"]
@@ -51,13 +55,14 @@ def test_router_runs_sparkserve_router_without_gpu_root_or_capability(project: P
 def test_router_publishes_the_api_where_the_server_is_and_metrics_on_loopback(
     project: Path,
 ) -> None:
-    default = {(p["host_ip"], p["published"], p["target"]) for p in router_service(project)["ports"]}
-    assert default == {("127.0.0.1", "8001", 8001), ("127.0.0.1", "29000", 29000)}
+    assert published(router_service(project)) == {
+        ("127.0.0.1", "8001", 8001),
+        ("127.0.0.1", "29000", 29000),
+    }
     moved = router_service(
         project, "BIND_ADDRESS=0.0.0.0\nROUTER_PORT=9001\nROUTER_METRICS_PORT=9002\n"
     )
-    ports = {(p["host_ip"], p["published"], p["target"]) for p in moved["ports"]}
-    assert ports == {("0.0.0.0", "9001", 9001), ("127.0.0.1", "9002", 9002)}
+    assert published(moved) == {("0.0.0.0", "9001", 9001), ("127.0.0.1", "9002", 9002)}
     health = " ".join(moved["healthcheck"]["test"])
     assert "curl" in health and "http://127.0.0.1:9001/health" in health
 
