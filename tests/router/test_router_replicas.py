@@ -31,6 +31,7 @@ pytestmark = pytest.mark.e2e
 KEY = "router-test-key-1"
 SUCCESS = "vllm:request_success_total"
 RUNNING = "vllm:num_requests_running"
+GENERATED = "vllm:generation_tokens_total"
 ADMIN_ROUTES = [
     ("POST", "/add_worker?url=http://127.0.0.1:9"),
     ("POST", "/remove_worker?url=http://127.0.0.1:9"),
@@ -68,6 +69,15 @@ def successes(replica: VllmServer) -> float:
     status, text = call(replica.base_url + "/metrics")
     assert status == 200, text
     return metric_sum(parse_metrics(text), SUCCESS)
+
+
+def generated(replicas: list[VllmServer]) -> float:
+    total = 0.0
+    for replica in replicas:
+        status, text = call(replica.base_url + "/metrics")
+        assert status == 200, text
+        total += metric_sum(parse_metrics(text), GENERATED)
+    return total
 
 
 def running(replica: VllmServer) -> float:
@@ -215,6 +225,17 @@ def test_the_gate_wants_the_key_as_each_replica_does(router: Router) -> None:
     assert call(router.url + "/health", key=None)[0] == 200, "/health needs no key"
 
 
+def test_the_gate_answers_only_to_its_own_names(router: Router) -> None:
+    """The server's DNS-rebinding rule at the gate: another Host gets 421, /health too."""
+    for path in ("/health", "/v1/models"):
+        request = urllib.request.Request(
+            router.url + path, headers={"Host": "rebound.example", "Authorization": f"Bearer {KEY}"}
+        )
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            urllib.request.urlopen(request, timeout=30)
+        assert refused.value.code == 421
+
+
 def test_no_admin_route_is_reachable_through_the_gate(router: Router) -> None:
     before = router.in_rotation()
     assert len(before) == 2
@@ -279,6 +300,29 @@ def test_a_stream_comes_through_event_by_event_while_the_replica_generates(
     assert events[-1] == b"data: [DONE]"
     assert len(events) > 100, "one event per token or so, passed on as they came"
     assert sum(running(replica) for replica in replicas) == 0
+
+
+def test_a_client_gone_mid_stream_ends_the_replicas_request(
+    router: Router, replicas: list[VllmServer]
+) -> None:
+    """The gate closes the router's request when its client goes, and the router the
+    replica's: the replica stops generating for it instead of finishing all 1500 tokens."""
+    before = generated(replicas)
+    body = {**chat(max_tokens=1500), "stream": True, "ignore_eos": True}
+    connection = http.client.HTTPConnection(LOOPBACK, router.port, timeout=120)
+    connection.request(
+        "POST", "/v1/chat/completions", json.dumps(body),
+        {"Content-Type": "application/json", "Authorization": f"Bearer {KEY}"},
+    )  # fmt: skip
+    response = connection.getresponse()
+    assert response.readline().startswith(b"data: {")
+    assert sum(running(replica) for replica in replicas) == 1
+    connection.close()  # the client goes
+    deadline = time.monotonic() + 120  # a guard: without the abort it runs to 1500 tokens
+    while sum(running(replica) for replica in replicas) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert sum(running(replica) for replica in replicas) == 0
+    assert generated(replicas) - before < 1500, "aborted, not run to its end"
 
 
 def test_drain_takes_a_replica_out_of_rotation_and_add_brings_it_back(
