@@ -24,6 +24,7 @@ import psutil
 import pytest
 
 from sparkserve.client.metrics import parse as parse_metrics
+from sparkserve.knobs.registry import BY_NAME
 from support.cpu_launch import EAGER, KV_CACHE_BYTES, MODEL_NAME, cpu_python, launcher_server
 from support.vllm_server import LOOPBACK, VllmServer, free_port, metric_sum, tail
 
@@ -359,6 +360,29 @@ def test_health_is_503_with_no_replica_in_rotation(
         for replica in replicas:
             assert router.admin("add", replica.base_url).returncode == 0
     assert call(router.url + "/health", key=None)[0] == 200
+
+
+@pytest.mark.parametrize("policy", BY_NAME["ROUTER_POLICY"].choices)
+def test_every_policy_allowed_serves_over_http_replicas(
+    policy: str, tmp_path: Path, sparkserve_site: Path, replicas: list[VllmServer]
+) -> None:
+    """Each ROUTER_POLICY the knob allows routes to vLLM replicas (power_of_two on the
+    router's own in-flight counts: vLLM has no /get_load); the router's metrics say that
+    policy decided."""
+    started = Router(
+        tmp_path, sparkserve_site, [r.base_url for r in replicas], ROUTER_POLICY=policy
+    ).start()
+    try:
+        started.wait_ready()
+        for _ in range(3):
+            status, text = call(started.url + "/v1/chat/completions", "POST", chat())
+            assert status == 200, text
+        status, text = call(f"http://{LOOPBACK}:{started.metrics_port}/metrics", key=None)
+        decided = metric_sum(parse_metrics(text), "vllm_router_policy_decisions_total",
+                             policy=policy)  # fmt: skip
+        assert decided == 3, text
+    finally:
+        assert started.stop() == 0, started.tail()
 
 
 def test_a_bad_knob_is_one_line_and_starts_nothing(tmp_path: Path, sparkserve_site: Path) -> None:
