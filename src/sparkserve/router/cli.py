@@ -14,6 +14,7 @@ never lets them through.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import signal
@@ -150,6 +151,9 @@ def serve(args: argparse.Namespace) -> int:
     if settings.port == args.router_port:
         return fail(PROG, f"ROUTER_PORT={settings.port} is the router's own loopback port: "
                           "pick another (or --router-port)", EXIT_BAD_INPUT)  # fmt: skip
+    if importlib.util.find_spec("vllm_router") is None:
+        return fail(PROG, f"vllm-router is not installed for {sys.executable} (the images carry "
+                          "it: requirements/*.lock pin vllm-router==0.1.17)")  # fmt: skip
     stopping: list[int] = []
 
     def request_stop(signum: int, _frame: object) -> None:
