@@ -48,6 +48,8 @@ def test_router_runs_sparkserve_router_without_gpu_root_or_capability(project: P
     assert service["cap_drop"] == ["ALL"] and "cap_add" not in service
     assert service["restart"] == "unless-stopped" and service["init"] is True
     assert service.get("network_mode") is None, "its own network: only the ports below show"
+    assert service["read_only"] is True and service["tmpfs"] == ["/tmp"]
+    assert int(service["mem_limit"]) == 4 * 2**30 and float(service["cpus"]) == 2
     grace = service["stop_grace_period"]
     assert grace in (f"{stop_grace_s()}s", f"{stop_grace_s() // 60}m{stop_grace_s() % 60}s")
 
