@@ -71,7 +71,11 @@ CONTAINER_TESTS = "tests/e2e/test_container.py"
 # daemon, so the others hold this run's daemon lock while they run (share_the_daemon) and the
 # reboot waits for it (support/compose_project.py, daemon_to_myself): they run in parallel
 # with the container test, the reboot alone.
-SHARING_THE_DAEMON = ("tests/e2e/test_selftest_container.py", "tests/e2e/test_container_pair.py")
+SHARING_THE_DAEMON = (
+    "tests/e2e/test_selftest_container.py",
+    "tests/e2e/test_container_pair.py",
+    "tests/e2e/test_router_fleet.py",
+)
 DOCKER_MODULES = (CONTAINER_TESTS, *SHARING_THE_DAEMON)
 
 
