@@ -428,7 +428,9 @@ KNOBS: tuple[Knob, ...] = (
              "ids from each replica's render route) unless the loads differ too much: a "
              "conversation's next turn reuses its prefix cache. power_of_two: the less busy "
              "of two random replicas (the router's own in-flight count: vLLM has no /get_load); "
-             "consistent_hash: by the x-session-id or x-user-id header, else the body's user; "
+             "consistent_hash: by the client's X-Session-Id (or X-User-Id) header; without "
+             "one every chat request goes to the same replica (0.1.17 does not hash a chat "
+             "body's user field: tests/router/test_consistent_hash.py); "
              "round_robin and random ignore the cache."),
     Knob("ROUTER_PORT", "int", "8001", minimum=1, maximum=65535, group="router",
          scope="router",
