@@ -3,7 +3,8 @@ foundation SDK), promtool on the config and the alert rules, Docker Compose on t
 and Debian's Prometheus and node-exporter scraping a real vLLM CPU server (DFlash drafter,
 prefix caching, the memory guard) so that every dashboard panel's query returns data; and the
 real vllm-router (`sparkserve router`) in front of that server and of a replica that is down:
-its panels have data and RouterReplicaOutOfRotation fires for the down one."""
+its panels have data, RouterReplicaOutOfRotation fires for the down one, and a drain leaves
+its health at 0."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+from sparkserve.client.metrics import parse as parse_metrics
 from sparkserve.launch.versions import read_versions
 from sparkserve.monitoring.dashboard import OUTPUT, PANELS, RATE, ROUTER_PANELS, PanelSpec, sync
 from support.compose_config import compose_config
@@ -31,7 +33,7 @@ from support.prometheus import (
     node_exporter,
 )
 from support.router_process import RouterProcess
-from support.vllm_server import LOOPBACK, VllmServer, free_port
+from support.vllm_server import LOOPBACK, VllmServer, free_port, metric_sum
 
 REPO = Path(__file__).resolve().parents[2]
 DASHBOARD = REPO / OUTPUT
@@ -278,5 +280,17 @@ def test_the_router_is_scraped_and_a_replica_out_of_rotation_fires(
                 empty.append(f"{title!r}: {query} -> {why}")
         unhealthy = [f"{r['name']}: {r.get('lastError')}" for r in prometheus.rules()
                      if r["health"] != "ok"]  # fmt: skip
+        # Drained, the down replica leaves rotation but keeps its last health (0): vllm-router
+        # drops no series, so the alert goes on firing (docs/METRICS.md says so).
+        drained = router.admin("drain", down)
+        assert drained.returncode == 0, drained.stderr
+        assert [w["url"] for w in json.loads(router.admin("workers").stdout)] == [
+            shared_server.base_url
+        ]
+        with urllib.request.urlopen(f"http://{router.metrics_target}/metrics", timeout=30) as got:
+            health = parse_metrics(got.read().decode())
+        assert metric_sum(health, "vllm_router_worker_health", worker=down) == 0.0
+        assert any(name == "vllm_router_worker_health" and ("worker", down) in labels
+                   for name, labels in health), "the drained replica's series is gone"  # fmt: skip
     assert not empty, "router panels without data:\n" + "\n".join(empty)
     assert not unhealthy, "rules that do not evaluate:\n" + "\n".join(unhealthy)

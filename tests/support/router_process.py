@@ -42,6 +42,13 @@ class RouterProcess:
     def metrics_target(self) -> str:
         return f"{LOOPBACK}:{self.metrics_port}"
 
+    def admin(self, *args: str) -> subprocess.CompletedProcess[str]:
+        """`sparkserve router ARGS` against this router (drain, add, workers)."""
+        argv = [cpu_python(), "-m", "sparkserve", "router", "--router-port", str(self.router_port)]
+        return subprocess.run(
+            [*argv, *args], env=self.env, capture_output=True, text=True, timeout=120
+        )
+
     def _ready(self) -> bool:
         try:
             with urllib.request.urlopen(self.url + "/health", timeout=5) as reply:
