@@ -30,7 +30,8 @@ args = RouterArgs.from_cli_args(parser.parse_args(sys.argv[1:]))
 print(json.dumps({k: getattr(args, k) for k in (
     "host", "port", "worker_urls", "policy", "health_check_interval_secs",
     "health_failure_threshold", "health_success_threshold", "health_check_timeout_secs",
-    "worker_startup_check_interval", "prometheus_host", "prometheus_port", "api_key")}))
+    "worker_startup_check_interval", "prometheus_host", "prometheus_port", "api_key",
+    "retry_max_retries", "cb_failure_threshold")}))
 """
 
 
@@ -55,6 +56,8 @@ def test_vllm_router_reads_the_knobs_as_meant(cpu_venv_python: str) -> None:
         "prometheus_host": "0.0.0.0",
         "prometheus_port": 29000,
         "api_key": None,
+        "retry_max_retries": 5,
+        "cb_failure_threshold": 3,
     }
 
 

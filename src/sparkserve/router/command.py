@@ -17,6 +17,15 @@ ROUTER_PORT = 30000  # vllm-router's own default: on loopback, never published
 # /health in milliseconds (vllm-router's default is 5 s).
 HEALTH_TIMEOUT_S = 3
 HEALTH_SUCCESSES = 2  # checks in a row that bring a replica back (vllm-router's default)
+# A request that fails on a replica (a 5xx, or no connection) is tried again, up to ATTEMPTS in
+# all, each attempt picked again by the policy among the replicas in rotation. cache_aware picks
+# a replica that just died again and again (its requests end at once: it is the least loaded),
+# so until the health checks take it out a request could spend every attempt on it and fail
+# (seen with vllm-router's circuit breaker at its default of 10 failures in a row:
+# tests/e2e/test_router_fleet.py). With the breaker open after CIRCUIT_FAILURES in a row, the
+# replica leaves rotation within one request's attempts and the last ones go to the others.
+ATTEMPTS = 5  # vllm-router's default, stated: CIRCUIT_FAILURES must stay below it
+CIRCUIT_FAILURES = 3
 
 
 def upstream(router_port: int) -> str:
@@ -37,6 +46,8 @@ def router_argv(settings: RouterSettings, router_port: int, metrics_host: str) -
         "--health-success-threshold", str(HEALTH_SUCCESSES),
         "--health-check-timeout-secs", str(HEALTH_TIMEOUT_S),
         "--health-check-endpoint", "/health",
+        "--retry-max-retries", str(ATTEMPTS),
+        "--cb-failure-threshold", str(CIRCUIT_FAILURES),
         # at start it waits for one replica's /health: ask as often as the health checks do
         "--worker-startup-check-interval", interval,
         "--prometheus-host", metrics_host,
