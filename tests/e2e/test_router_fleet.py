@@ -384,6 +384,18 @@ class Outcome:
         return f"the stream ended after {self.events} events without [DONE]"
 
 
+def take_event(outcome: Outcome, line: str) -> None:
+    if line == "data: [DONE]":
+        outcome.done = True
+    elif line.startswith("data: {"):
+        event = json.loads(line.removeprefix("data: "))
+        outcome.events += 1
+        if "error" in event:
+            outcome.sse_errors.append(event["error"])
+        for choice in event.get("choices", []):
+            outcome.finish_reason = choice.get("finish_reason") or outcome.finish_reason
+
+
 def stream_chat(port: int, content: str, max_tokens: int) -> Outcome:
     outcome = Outcome(started=time.time())
     body = {"model": MODEL, "stream": True, "max_tokens": max_tokens, "ignore_eos": True,
@@ -398,17 +410,14 @@ def stream_chat(port: int, content: str, max_tokens: int) -> Outcome:
         if answer.status != 200:
             outcome.body = answer.read().decode(errors="replace")
             return outcome
-        for raw in answer:
-            line = raw.decode(errors="replace").strip()
-            if line == "data: [DONE]":
-                outcome.done = True
-            elif line.startswith("data: {"):
-                event = json.loads(line.removeprefix("data: "))
-                outcome.events += 1
-                if "error" in event:
-                    outcome.sse_errors.append(event["error"])
-                for choice in event.get("choices", []):
-                    outcome.finish_reason = choice.get("finish_reason") or outcome.finish_reason
+        # read1, not line iteration: iterating an HTTPResponse ends quietly on a chunked body
+        # cut short (its peek swallows the IncompleteRead); read1 raises it
+        pending = b""
+        while chunk := answer.read1(65536):
+            pending += chunk
+            *lines, pending = pending.split(b"\n")
+            for raw in lines:
+                take_event(outcome, raw.decode(errors="replace").strip())
     except (OSError, http.client.HTTPException, ValueError) as error:
         outcome.failure = repr(error)
     finally:
@@ -681,6 +690,12 @@ def test_2_a_killed_replica_fails_only_the_requests_it_held(fleet: Fleet) -> Non
         "kill_to_health_0_s": round(health_0 - killed_at, 2),
         "kill_to_last_routed_s": round(last_routed - killed_at, 2),
     }
+    # what the router's container logged about it: vllm-router's and the gate's side of it
+    marks = ("Stream error", "Exception in ASGI", "RemoteProtocolError", "Failed to send")
+    FIGURES["kill"]["router_log"] = [  # type: ignore[index]
+        line[-300:] for line in fleet.router.logs(ROUTER).splitlines()
+        if any(mark in line for mark in marks)
+    ][-8:]  # fmt: skip
     TIMINGS["kill_to_out_of_rotation_s"] = noticed - killed_at
     TIMINGS["kill_to_health_0_s"] = health_0 - killed_at
     TIMINGS["kill_to_last_routed_s"] = last_routed - killed_at
