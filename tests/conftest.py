@@ -54,6 +54,7 @@ ONE_PROCESS = (
     "tests/e2e/test_launcher_servers.py::",
     "tests/e2e/test_lmhead_vs_bf16.py::",
     "tests/e2e/test_metrics_profile.py::test_every_panel_has_data_after_a_bench",
+    "tests/e2e/test_metrics_profile.py::test_the_router_is_scraped_and_a_replica_out_of_rotation_fires",
     "tests/e2e/test_plan_vs_servers.py::",
     "tests/e2e/test_soak_server.py::",
     "tests/e2e/test_stress_pair.py::",
@@ -70,7 +71,11 @@ CONTAINER_TESTS = "tests/e2e/test_container.py"
 # daemon, so the others hold this run's daemon lock while they run (share_the_daemon) and the
 # reboot waits for it (support/compose_project.py, daemon_to_myself): they run in parallel
 # with the container test, the reboot alone.
-SHARING_THE_DAEMON = ("tests/e2e/test_selftest_container.py", "tests/e2e/test_container_pair.py")
+SHARING_THE_DAEMON = (
+    "tests/e2e/test_selftest_container.py",
+    "tests/e2e/test_container_pair.py",
+    "tests/e2e/test_router_fleet.py",
+)
 DOCKER_MODULES = (CONTAINER_TESTS, *SHARING_THE_DAEMON)
 
 

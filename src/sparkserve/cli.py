@@ -36,6 +36,7 @@ COMMAND_MODULES: dict[str, str] = {
     "tune": "sparkserve.tune.cli",
     "selftest": "sparkserve.selftest.run",
     "verify": "sparkserve.verify.cli",
+    "router": "sparkserve.router.cli",
 }
 
 

@@ -1,7 +1,10 @@
 """The metrics profile, checked with the real things: the dashboard against its source (the
 foundation SDK), promtool on the config and the alert rules, Docker Compose on the profile,
 and Debian's Prometheus and node-exporter scraping a real vLLM CPU server (DFlash drafter,
-prefix caching, the memory guard) so that every dashboard panel's query returns data."""
+prefix caching, the memory guard) so that every dashboard panel's query returns data; and the
+real vllm-router (`sparkserve router`) in front of that server and of a replica that is down:
+its panels have data, RouterReplicaOutOfRotation fires for the down one, and a drain leaves
+its health at 0."""
 
 from __future__ import annotations
 
@@ -11,12 +14,14 @@ import re
 import subprocess
 import sys
 import time
+import urllib.request
 from pathlib import Path
 
 import pytest
 
+from sparkserve.client.metrics import parse as parse_metrics
 from sparkserve.launch.versions import read_versions
-from sparkserve.monitoring.dashboard import OUTPUT, PANELS, RATE, sync
+from sparkserve.monitoring.dashboard import OUTPUT, PANELS, RATE, ROUTER_PANELS, PanelSpec, sync
 from support.compose_config import compose_config
 from support.prometheus import (
     ALERTS,
@@ -27,7 +32,8 @@ from support.prometheus import (
     binary,
     node_exporter,
 )
-from support.vllm_server import LOOPBACK, VllmServer, free_port
+from support.router_process import RouterProcess
+from support.vllm_server import LOOPBACK, VllmServer, free_port, metric_sum
 
 REPO = Path(__file__).resolve().parents[2]
 DASHBOARD = REPO / OUTPUT
@@ -36,10 +42,14 @@ METRICS_SERVICES = {"prometheus", "node-exporter", "grafana"}
 HOST_PATHS = {"node-exporter": ("/proc", "/sys")}  # the only host folders a service mounts
 
 
-def dashboard_queries() -> list[tuple[str, str]]:
-    """(panel title, PromQL) for every query of the provisioned dashboard."""
+def dashboard_queries(
+    panels: tuple[PanelSpec, ...] = (*PANELS, *ROUTER_PANELS),
+) -> list[tuple[str, str]]:
+    """(panel title, PromQL) for every query of the provisioned dashboard's `panels`."""
     board = json.loads(DASHBOARD.read_text())
-    return [(p["title"], t["expr"]) for p in board["panels"] for t in p["targets"]]
+    titles = {p.title for p in panels}
+    return [(p["title"], t["expr"]) for p in board["panels"] if p["title"] in titles
+            for t in p.get("targets", [])]  # fmt: skip
 
 
 def idle_markers() -> set[str]:
@@ -49,7 +59,7 @@ def idle_markers() -> set[str]:
 
 def every_server(expr: str, window: str) -> str:
     """A query as Grafana sends it with every variable on All and `window` as rate window."""
-    for variable in ("$instance", "$model", "$host"):
+    for variable in ("$instance", "$model", "$host", "$router"):
         expr = expr.replace(variable, ".+")
     return expr.replace(RATE, window)
 
@@ -57,7 +67,12 @@ def every_server(expr: str, window: str) -> str:
 def test_dashboard_matches_its_source() -> None:
     assert not sync(REPO, check=True), "run: PYTHONPATH=src python -m sparkserve dashboard"
     assert [title for title, _ in dashboard_queries()][:1] == [PANELS[0].title]
-    assert len(dashboard_queries()) == sum(len(p.queries) for p in PANELS)
+    everything = (*PANELS, *ROUTER_PANELS)
+    board = json.loads(DASHBOARD.read_text())
+    assert len(dashboard_queries()) == sum(len(p.queries) for p in everything)
+    assert [p["title"] for p in board["panels"] if p["type"] != "row"] == [
+        p.title for p in everything
+    ]
 
 
 def test_metric_names_come_from_the_shipped_vllm() -> None:
@@ -192,7 +207,7 @@ def test_every_panel_has_data_after_a_bench(shared_server: VllmServer, tmp_path:
             time.sleep(0.2)
         window = f"{int(time.monotonic() - prometheus.started) + 5}s"  # covers the whole bench
         empty = []
-        for title, expr in dashboard_queries():
+        for title, expr in dashboard_queries(PANELS):
             query = every_server(expr, window)
             if expr in idle_markers():  # the bench was traffic: no "no traffic" line
                 if prometheus.values(query):
@@ -205,4 +220,77 @@ def test_every_panel_has_data_after_a_bench(shared_server: VllmServer, tmp_path:
         unhealthy = [f"{r['name']}: {r.get('lastError')}" for r in prometheus.rules()
                      if r["health"] != "ok"]  # fmt: skip
     assert not empty, "panels without data:\n" + "\n".join(empty)
+    assert not unhealthy, "rules that do not evaluate:\n" + "\n".join(unhealthy)
+
+
+def chat(number: int) -> bytes:
+    question = f"Question {number}: what does a router do with a replica that is down?"
+    body = {"messages": [{"role": "user", "content": question}], "max_tokens": 4}
+    return json.dumps(body).encode()
+
+
+@pytest.mark.e2e
+def test_the_router_is_scraped_and_a_replica_out_of_rotation_fires(
+    shared_server: VllmServer, sparkserve_site: Path, tmp_path: Path
+) -> None:
+    """The real vllm-router (`sparkserve router`, its gate) in front of the shared server and
+    of a replica that never answers: Prometheus (the shipped config and rules) scrapes the
+    router, every router panel's query has data after a few requests, and
+    RouterReplicaOutOfRotation fires for the down replica, for it alone."""
+    down = f"http://{LOOPBACK}:{free_port()}"
+    router = RouterProcess(
+        tmp_path, sparkserve_site, [shared_server.base_url, down], ROUTER_HEALTH_INTERVAL_S="1"
+    )
+    prometheus = Prometheus(
+        tmp_path, {"vllm": f"{LOOPBACK}:{shared_server.port}", "router": router.metrics_target}
+    )
+    with router.running(), prometheus.run():
+        prometheus.wait_targets_up()
+        for number in range(4):
+            request = urllib.request.Request(
+                router.url + "/v1/chat/completions", data=chat(number),
+                headers={"Content-Type": "application/json"},
+            )  # fmt: skip
+            with urllib.request.urlopen(request, timeout=120) as reply:
+                assert reply.status == 200
+        # Two scrapes after the last request, and the alert's 30 s (guards against a hang).
+        after = time.time() + 2.0
+        deadline = time.monotonic() + 120
+        while (
+            not prometheus.firing("RouterReplicaOutOfRotation")
+            or min(prometheus.values("timestamp(up)") or [0.0]) <= after
+        ):
+            assert time.monotonic() < deadline, (
+                f"no RouterReplicaOutOfRotation for {down}: {prometheus.api('alerts')}\n"
+                f"{router.log.read_text(errors='replace')[-3000:]}"
+            )
+            time.sleep(0.5)
+        firing = prometheus.firing("RouterReplicaOutOfRotation")
+        assert [(a["worker"], a["instance"]) for a in firing] == [(down, router.metrics_target)]
+        assert prometheus.values(
+            f'vllm_router_worker_health{{worker="{shared_server.base_url}"}}'
+        ) == [1.0]
+        window = f"{int(time.monotonic() - prometheus.started) + 5}s"
+        empty = []
+        for title, expr in dashboard_queries(ROUTER_PANELS):
+            query = every_server(expr, window)
+            if not prometheus.values(query):
+                missing = prometheus.missing_metrics(query)
+                why = f"no series of {', '.join(missing)}" if missing else "no finite value"
+                empty.append(f"{title!r}: {query} -> {why}")
+        unhealthy = [f"{r['name']}: {r.get('lastError')}" for r in prometheus.rules()
+                     if r["health"] != "ok"]  # fmt: skip
+        # Drained, the down replica leaves rotation but keeps its last health (0): vllm-router
+        # drops no series, so the alert goes on firing (docs/METRICS.md says so).
+        drained = router.admin("drain", down)
+        assert drained.returncode == 0, drained.stderr
+        assert [w["url"] for w in json.loads(router.admin("workers").stdout)] == [
+            shared_server.base_url
+        ]
+        with urllib.request.urlopen(f"http://{router.metrics_target}/metrics", timeout=30) as got:
+            health = parse_metrics(got.read().decode())
+        assert metric_sum(health, "vllm_router_worker_health", worker=down) == 0.0
+        assert any(name == "vllm_router_worker_health" and ("worker", down) in labels
+                   for name, labels in health), "the drained replica's series is gone"  # fmt: skip
+    assert not empty, "router panels without data:\n" + "\n".join(empty)
     assert not unhealthy, "rules that do not evaluate:\n" + "\n".join(unhealthy)

@@ -215,7 +215,7 @@ def test_knobs_for_a_launcher_keeps_order_and_leaves_out_compose_and_other_launc
     ]
     compose_only = {knob.name for knob in KNOBS if knob.scope == "compose"}
     # BIND_ADDRESS reaches the launcher too: it refuses a public one without API_KEY
-    assert compose_only == {"MODEL_CACHE", "CACHE_UID", "CACHE_GID"}
+    assert compose_only == {"MODEL_CACHE", "CACHE_UID", "CACHE_GID", "ROUTER_IMAGE"}
     assert not compose_only & {knob.name for knob in dflash + mtp}
 
 

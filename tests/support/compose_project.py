@@ -357,7 +357,7 @@ def daemon_to_myself(lock: Path, timeout_s: float) -> Iterator[float]:
 
 
 # The tests' project names end in the pid of the test process that owns them.
-TEST_PROJECT = re.compile(r"sparkserve-(?:e2e|e2e-refusing|pair)-(\d+)")
+TEST_PROJECT = re.compile(r"sparkserve-(?:e2e|e2e-refusing|pair|fleet-(?:\d|router))-(\d+)")
 
 
 def remove_orphans() -> None:

@@ -10,6 +10,11 @@ so and reports what it could still check. Prints a table (or --json); exits 1 on
 With CLUSTER_NODES=2 it also checks this node's end of the pair's link and, run on both
 nodes at about the same time, meets the other node's doctor over the ports the engine uses
 (docs/CLUSTER.md): reachability both ways, the same image and vLLM release, the same MTU.
+
+With --fleet (on the router's host) it checks the replicas behind the router instead: the URLs
+given, else ROUTER_WORKERS, each reached with API_KEY (from the environment or --env-file):
+that each answers, and serves the same model with the same settings as the others; a row per
+replica says ok or why not, and any that is not makes the exit status 1.
 """
 
 from __future__ import annotations
@@ -30,13 +35,23 @@ from sparkserve.cluster.check_row import Check, Status
 from sparkserve.cluster.identity import node_identity
 from sparkserve.cluster.link_rows import link_rows
 from sparkserve.cluster.preflight import Side, pair_rows
-from sparkserve.command_line import EXIT_FAILED, EXIT_OK, one_line_errors, ranged
+from sparkserve.command_line import (
+    EXIT_BAD_INPUT,
+    EXIT_FAILED,
+    EXIT_OK,
+    fail,
+    one_line_errors,
+    ranged,
+)
+from sparkserve.doctor.fleet import ALL_CLEAR, fleet_rows, fleet_workers
 from sparkserve.guard.monitor import marker_path
 from sparkserve.knobs.registry import KnobError
+from sparkserve.launch.dotenv import DotenvError, with_dotenv
 from sparkserve.launch.settings import Settings, check_recipe_fits, resolve_settings
 from sparkserve.memory.checkpoint import cache_dir_name, find_snapshot, hf_home
 from sparkserve.memory.host import GIB, read_meminfo
 from sparkserve.recipes import LAUNCHER_SCRIPTS, LAUNCHERS_HELP
+from sparkserve.router.fleet import DEFAULT_TIMEOUT_S
 
 SPARK_COMPUTE_CAP = "12.1"
 DEFAULT_PAIR_WAIT_S = 60.0
@@ -330,23 +345,36 @@ def diagnose(
     return rows
 
 
-def render(rows: Sequence[Check]) -> str:
+def render(rows: Sequence[Check], all_clear: str = "no blockers: ready for a first run") -> str:
     width = max(len(row.name) for row in rows)
     lines = [f"{'check':<{width}}  {'status':<7}  detail"]
     lines += [f"{row.name:<{width}}  {row.status:<7}  {row.detail}" for row in rows]
     blockers = [row.name for row in rows if row.status == "blocker"]
-    lines.append(
-        f"blockers: {', '.join(blockers)}" if blockers else "no blockers: ready for a first run"
-    )
+    lines.append(f"blockers: {', '.join(blockers)}" if blockers else all_clear)
     return "\n".join(lines)
 
 
+def fleet(args: argparse.Namespace, env: Mapping[str, str]) -> list[Check]:
+    """--fleet's rows: the replicas given (else ROUTER_WORKERS) with the API_KEY knob."""
+    urls = fleet_workers(args.fleet, env)
+    key = resolve_settings(env, args.method).values.API_KEY  # type: ignore[arg-type]
+    return fleet_rows(urls, key, args.fleet_timeout)
+
+
 def run(args: argparse.Namespace) -> int:
-    rows = diagnose(os.environ, args.method, args.disk_need_gb, args.pair_wait)
+    try:
+        env = with_dotenv(os.environ, args.env_file)
+        if args.fleet is not None:
+            rows, all_clear = fleet(args, env), ALL_CLEAR
+        else:
+            rows = diagnose(env, args.method, args.disk_need_gb, args.pair_wait)
+            all_clear = "no blockers: ready for a first run"
+    except (KnobError, DotenvError) as error:
+        return fail("sparkserve doctor", error, EXIT_BAD_INPUT)
     if args.json:
         print(json.dumps([asdict(row) for row in rows], indent=1))
     else:
-        print(render(rows))
+        print(render(rows, all_clear))
     return EXIT_FAILED if any(row.status == "blocker" for row in rows) else EXIT_OK
 
 
@@ -374,11 +402,33 @@ def add_command(commands: Any) -> None:
         help="with CLUSTER_NODES=2: seconds to wait for the other node's doctor "
         f"(default {DEFAULT_PAIR_WAIT_S:g}); run both at about the same time",
     )
+    parser.add_argument(
+        "--fleet",
+        nargs="*",
+        metavar="URL",
+        help="check the replicas behind the router instead of this machine: these base URLs "
+        "(http://HOST:PORT), else ROUTER_WORKERS; each must answer and serve what the others do",
+    )
+    parser.add_argument(
+        "--fleet-timeout",
+        type=ranged(float, "--fleet-timeout", 0.1, 600),
+        default=DEFAULT_TIMEOUT_S,
+        metavar="S",
+        help=f"with --fleet: seconds each request to a replica may take "
+        f"(default {DEFAULT_TIMEOUT_S:g})",
+    )
+    parser.add_argument(
+        "--env-file",
+        type=Path,
+        help="a compose .env to read knobs from (API_KEY, ROUTER_WORKERS, ...); the "
+        "environment wins",
+    )
     parser.add_argument("--json", action="store_true", help="print JSON rows")
     one_line_errors(parser, "sparkserve doctor")
     parser.set_defaults(run=run)
 
 
 if __name__ == "__main__":
-    defaults = {"disk_need_gb": DEFAULT_DISK_NEED_GB, "pair_wait": DEFAULT_PAIR_WAIT_S}
+    defaults = {"disk_need_gb": DEFAULT_DISK_NEED_GB, "pair_wait": DEFAULT_PAIR_WAIT_S,
+                "fleet": None, "fleet_timeout": DEFAULT_TIMEOUT_S, "env_file": None}  # fmt: skip
     sys.exit(run(argparse.Namespace(method="dflash", json=0, **defaults)))

@@ -28,6 +28,15 @@ def render_compose(indent: str) -> list[str]:
     ]
 
 
+def render_router_compose(indent: str) -> list[str]:
+    """The router service's own knobs (scope router), passed through as render_compose's are."""
+    return [
+        f"{indent}{knob.name}:  # default {knob.default or '(empty)'}"
+        for knob in KNOBS
+        if knob.scope == "router"
+    ]
+
+
 def _other_defaults(knob: Knob) -> str:
     """The defaults that differ from the main one, named: ' (MTP: 2; cpu image: 0)' or ''."""
     others = [("MTP", knob.mtp_default), ("cpu image", knob.cpu_default)]
@@ -62,8 +71,8 @@ def render_markdown(indent: str) -> list[str]:
         for knob in (k for k in KNOBS if k.group == group):
             default = (f"`{knob.default}`" if knob.default else "(empty)") + _other_defaults(knob)
             only = "" if len(knob.launchers) > 1 else f" ({knob.launchers[0]} only)"
-            if knob.scope == "compose":
-                only += " (compose)"
+            if knob.scope != "container":
+                only += f" ({knob.scope})"
             lines.append(
                 f"| `{knob.name}`{only} | {default} | {_markdown_cell(knob.allowed())} "
                 f"| {_markdown_cell(knob.why)} |"
@@ -92,6 +101,7 @@ def render_values(indent: str) -> list[str]:
 TARGETS: list[tuple[str, str, Callable[[str], list[str]]]] = [
     ("docker-compose.yml", "knobs", render_compose),
     ("docker-compose.yml", "stop-grace", render_stop_grace),
+    ("docker-compose.yml", "router-knobs", render_router_compose),
     (".env.example", "knobs", render_env_example),
     ("docs/KNOBS.md", "knobs", render_markdown),
     ("README.md", "knobs", render_markdown),

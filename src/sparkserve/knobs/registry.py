@@ -14,19 +14,23 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Literal
 
+from sparkserve.knobs.worker_urls import ALLOWED as WORKER_URL_FORM
+from sparkserve.knobs.worker_urls import parse_workers
+
 Launcher = Literal["dflash", "mtp"]
 LAUNCHERS: tuple[Launcher, ...] = ("dflash", "mtp")
 # The script that starts each launcher (in the checkout, and /opt/sparkserve in the images).
 LAUNCHER_SCRIPTS: dict[Launcher, str] = {"dflash": "serve.sh", "mtp": "mtp_serve.sh"}
-Kind = Literal["int", "float", "bool", "choice", "text"]
+Kind = Literal["int", "float", "bool", "choice", "text", "urls"]
 # Which image the launcher runs in (its SPARKSERVE_IMAGE; unset on a host means "spark"): the
 # cpu image serves a small model with its own defaults.
 Image = Literal["spark", "cpu"]
 IMAGES: tuple[Image, ...] = ("spark", "cpu")
 IMAGE_ENV = "SPARKSERVE_IMAGE"
 # Where a knob is read: by the launcher inside the container, or by compose alone (the
-# published address, the cache's source); compose-only knobs never reach the container.
-Scope = Literal["container", "compose"]
+# published address, the cache's source); compose-only knobs never reach the container; router
+# knobs are read by `sparkserve router` alone (its own compose service), never by a launcher.
+Scope = Literal["container", "compose", "router"]
 # Where a default comes from, lowest first (sparkserve.launch.settings adds the recipe and
 # the user).
 DefaultLayer = Literal["registry", "image", "launcher"]
@@ -78,6 +82,8 @@ class Knob:
             text = f"{number} from {bound_text(self.minimum)} to {bound_text(self.maximum)}"
         elif self.kind == "choice":
             text = "one of " + ", ".join(c for c in self.choices if c)
+        elif self.kind == "urls":
+            text = f"replica URLs separated by commas or spaces, each once: {WORKER_URL_FORM}"
         elif self.shell_words:
             text = "arguments quoted as in a shell (balanced quotes)"
         elif self.pattern is not None:
@@ -120,6 +126,11 @@ class Knob:
         elif self.kind == "choice":
             if value in self.choices:
                 return value
+        elif self.kind == "urls":
+            try:
+                return ",".join(parse_workers(value))
+            except ValueError as error:
+                raise KnobError(f"{self.name}: {error}") from None
         elif self.shell_words:
             if _splits(value):
                 return value
@@ -405,6 +416,45 @@ KNOBS: tuple[Knob, ...] = (
          group="cluster",
          why="Seconds each node waits for the other to come up (the two are started by "
              "hand) before it gives up with one line."),
+    # N replicas behind vLLM's router (docs/CLUSTER.md): `sparkserve router`, compose's router
+    Knob("ROUTER_WORKERS", "urls", "", group="router", empty_ok=True, scope="router",
+         why="The replicas the router sends requests to: each one the `sparkserve` service of a "
+             "Spark, by its base URL (http://HOST:PORT, no /v1), normalised to lower case "
+             "without a trailing slash. Required by `sparkserve router`; empty elsewhere."),
+    Knob("ROUTER_POLICY", "choice", "cache_aware", group="router", scope="router",
+         choices=("cache_aware", "power_of_two", "round_robin", "consistent_hash", "random"),
+         why="How the router picks a replica (vllm-router's --policy). cache_aware sends a "
+             "request to the replica whose cache holds the longest part of its prompt (token "
+             "ids from each replica's render route) unless the loads differ too much: a "
+             "conversation's next turn reuses its prefix cache. power_of_two: the less busy "
+             "of two random replicas (the router's own in-flight count: vLLM has no /get_load); "
+             "consistent_hash: by the client's X-Session-Id (or X-User-Id) header; without "
+             "one every chat request goes to the same replica (0.1.17 does not hash a chat "
+             "body's user field: tests/router/test_consistent_hash.py); "
+             "round_robin and random ignore the cache."),
+    Knob("ROUTER_PORT", "int", "8001", minimum=1, maximum=65535, group="router",
+         scope="router",
+         why="Port of the router's API (its key gate), published on BIND_ADDRESS as the "
+             "server's PORT is; not PORT, so a Spark can run its replica and the router."),
+    Knob("ROUTER_IMAGE", "choice", "spark", group="router", scope="compose",
+         choices=("spark", "cpu"),
+         why="The image compose's router service runs (it needs no GPU): spark on a Spark, "
+             "cpu on any other x86_64 or aarch64 machine. Both carry the same vllm-router."),
+    Knob("ROUTER_METRICS_PORT", "int", "29000", minimum=1, maximum=65535, group="router",
+         scope="router",
+         why="Port of the router's Prometheus metrics (requests and health per replica; "
+             "vllm-router's default), always on loopback only: they carry no key check."),
+    Knob("ROUTER_HEALTH_INTERVAL_S", "int", "2", minimum=1, maximum=300, group="router",
+         scope="router",
+         why="Seconds between the router's health checks of each replica (GET /health, a "
+             "3 s timeout). With ROUTER_HEALTH_FAILURES it sets how soon a dead replica leaves "
+             "rotation: 2 x 2 s is a few seconds, against 2-3 min with vllm-router's own 60 s "
+             "and 3; a check is one cheap request to each replica."),
+    Knob("ROUTER_HEALTH_FAILURES", "int", "2", minimum=1, maximum=10, group="router",
+         scope="router",
+         why="Failed health checks in a row after which a replica leaves rotation (2 in a row "
+             "succeeded bring it back). 2, not 1: one slow answer under load does not drop a "
+             "replica that is well."),
     # Launcher behaviour
     Knob("SHUTDOWN_TIMEOUT_S", "int", "50", minimum=0, maximum=120, group="launcher",
          why="Seconds a stop (`docker compose stop`, `down`, a restart: any SIGTERM) lets the "
@@ -436,6 +486,7 @@ GROUP_TITLES = {
     "memory": "Memory and limits",
     "network": "Network, access and caches",
     "cluster": "Two Sparks (docs/CLUSTER.md)",
+    "router": "N replicas behind the router (docs/CLUSTER.md)",
     "launcher": "Launcher behaviour",
 }
 

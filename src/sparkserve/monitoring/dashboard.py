@@ -1,7 +1,8 @@
 """The Grafana dashboard of the metrics profile, written as code: one source, one JSON file.
 
 PANELS says what each panel shows (PromQL over vLLM's, node-exporter's and the guard's
-metrics) and what a healthy value looks like; `build()` turns it into a dashboard with
+metrics) and what a healthy value looks like, ROUTER_PANELS the same for vLLM's router (the
+router profile) in a row of their own; `build()` turns it into a dashboard with
 Grafana's official foundation SDK (`grafana-foundation-sdk`, its Grafana 11.6 branch, the
 Grafana the compose profile pins). `sparkserve dashboard` writes deploy/metrics/grafana/
 dashboards/sparkserve.json; `--check` only reports drift (a test runs it, as for the knobs).
@@ -59,6 +60,7 @@ VARIABLES = (
         'label_values(vllm:num_requests_running{instance=~"$instance"}, model_name)',
     ),
     Variable("host", "host", "label_values(node_memory_MemAvailable_bytes, instance)"),
+    Variable("router", "router", 'label_values(up{job="router"}, instance)'),
 )
 SERVER = '{instance=~"$instance", model_name=~"$model"}'
 HOST = '{instance=~"$host"}'
@@ -275,6 +277,106 @@ PANELS: tuple[PanelSpec, ...] = (
     ),
 )
 
+# vLLM's router (vllm-router, the router profile): one router is one `router` scrape target; its
+# `worker` label is the replica's URL as ROUTER_WORKERS gives it (normalised).
+ROUTER = '{instance=~"$router"}'
+REPLICA = "{{instance}} {{worker}}"
+ROUTER_ROW = "Router: replicas behind vLLM's router (router profile)"
+
+
+def _router_rate(metric: str, by: str) -> str:
+    return f"sum by ({by}) (rate({metric}{ROUTER}[{RATE}]))"
+
+
+def _zero_until_first(counter: str) -> Query:
+    """A counter that appears with its first event (an error, a retry): 0 per router while the
+    router answered requests and none happened, so that no line means no requests at all."""
+    served = _router_rate("vllm_router_requests_total", "instance")
+    label = counter.removeprefix("vllm_router_").removesuffix("_total").replace("_", " ")
+    return Query(
+        f"{_router_rate(counter, 'instance')} or 0 * {served}", f"{{{{instance}}}}: {label}"
+    )
+
+
+ROUTER_PANELS: tuple[PanelSpec, ...] = (
+    PanelSpec(
+        "Router: replicas in rotation",
+        "Per router and replica: healthy 1 while its health checks pass (0 after "
+        "ROUTER_HEALTH_FAILURES failures in a row), circuit open 1 while the router's circuit "
+        "breaker keeps requests off it (after consecutive failed requests; the circuit shows "
+        "only once a request went to the replica). A replica at healthy 0 or circuit open 1 "
+        "gets no request: RouterReplicaOutOfRotation fires after 30 s. A drained replica keeps "
+        "its last value (vllm-router does not drop the series).",
+        "short",
+        (
+            Query(
+                f"max by (instance, worker) (vllm_router_worker_health{ROUTER})",
+                f"{REPLICA}: healthy",
+            ),
+            Query(
+                f"max by (instance, worker) (vllm_router_cb_state{ROUTER}) == bool 1",
+                f"{REPLICA}: circuit open",
+            ),
+        ),
+        maximum=1.0,
+    ),
+    PanelSpec(
+        "Router: requests per replica",
+        "Requests per second the router sent to each replica (every policy counts them). Under "
+        "cache_aware a busy conversation stays on one replica, so an uneven split is normal; a "
+        "replica at 0 while others serve is out of rotation or drained.",
+        "reqps",
+        (
+            Query(
+                _router_rate("vllm_router_processed_requests_total", "instance, worker"),
+                f"{REPLICA}: sent",
+            ),
+        ),
+    ),
+    PanelSpec(
+        "Router: requests in flight per replica",
+        "Requests the router has open on each replica (until the response body ends): the load "
+        "cache_aware and power_of_two balance on. One replica far above the others with the "
+        "rest idle means the balance thresholds let one conversation's replica saturate.",
+        "short",
+        (
+            Query(
+                f"sum by (instance, worker) (vllm_router_running_requests{ROUTER})",
+                f"{REPLICA}: in flight",
+            ),
+        ),
+    ),
+    PanelSpec(
+        "Router: answered, errors and retries",
+        "Per router, per second: requests answered (2xx), requests that ended in an error (no "
+        "replica available, a replica's 5xx after the last retry, ...) and retries (a "
+        "connection refused or a 5xx re-sent, the replica chosen again). Healthy: errors 0; "
+        "retries only around a replica that left rotation.",
+        "reqps",
+        (
+            Query(_router_rate("vllm_router_requests_total", "instance"), "{{instance}}: answered"),
+            _zero_until_first("vllm_router_request_errors_total"),
+            _zero_until_first("vllm_router_retries_total"),
+        ),
+    ),
+    PanelSpec(
+        "Router: cache_aware decisions",
+        "Per router, per second, how cache_aware chose (empty under another policy): prefix_hit "
+        "(the replica whose cache holds the prompt's start), prefix_miss (no replica held "
+        "enough of it: the least loaded), load_imbalance (the load overrode the cache) and "
+        "missing_tokens (a replica gave no token ids: load only; a replica without "
+        "--enable-scale-out answers them 403, docs/CLUSTER.md). Healthy multi-turn traffic is "
+        "mostly prefix_hit; missing_tokens is a setting to fix.",
+        "reqps",
+        (
+            Query(
+                _router_rate("vllm_router_prefix_routing_decisions_total", "instance, outcome"),
+                "{{instance}}: {{outcome}}",
+            ),
+        ),
+    ),
+)
+
 
 def build() -> dict[str, Any]:
     """The dashboard as Grafana's JSON model, built with the foundation SDK."""
@@ -314,7 +416,9 @@ def build() -> dict[str, Any]:
             .refresh(VariableRefresh.ON_TIME_RANGE_CHANGED)
             .sort(VariableSort.ALPHABETICAL_ASC)
         )
-    for spec in PANELS:
+    for spec in (*PANELS, *ROUTER_PANELS):
+        if spec is ROUTER_PANELS[0]:
+            board = board.with_row(dash.Row(ROUTER_ROW))
         panel = (
             timeseries.Panel()
             .title(spec.title)

@@ -1,0 +1,230 @@
+"""The key gate in front of vllm-router: the only listener `sparkserve router` publishes.
+
+vllm-router, started from its wheel, checks no client key and serves its admin routes
+(/add_worker, /remove_worker, /workers, /flush_cache, ...) on the same port as the API
+(docs/data/runs/2026-12-06-vllm-router-read.md, sections 1 and 5). So the router listens on
+loopback only, and this ASGI app stands in front of it:
+
+- the server's own access rule, the same class (sparkserve.in_vllm.access.RequireKey): the Host
+  check (421), MAX_REQUEST_MB (413) and the key (401), compared as each replica compares it;
+- then an allow list: the OpenAI routes a chat model serves (ROUTES) and /health; every other
+  path is 404 and another method 405, so no admin route is reachable from outside;
+- the request, the client's Authorization header with it (each replica checks the key too),
+  is passed to the router and its answer streamed back chunk by chunk as it arrives (SSE is not
+  buffered); a client that goes away closes the router's request, which the router passes on;
+- /health is 200 while the router has at least one replica in rotation (its /readiness), 503
+  otherwise: what Docker's healthcheck and a load balancer in front ask.
+
+CORS headers the router adds (it allows every origin when given none) are dropped, and a
+preflight gets 405: like the server's default, no web page of another origin may call it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import os
+from collections.abc import AsyncIterator
+
+import httpx
+
+from sparkserve.in_vllm.access import RequireKey
+from sparkserve.in_vllm.draining import Receive, Scope, Send
+
+HEALTH_PATH = "/health"
+READINESS_PATH = "/readiness"  # vllm-router's: 200 while at least one worker is healthy
+# path -> method: what a chat model's clients call. Left out on purpose: /v1/responses (its
+# stored responses live on one replica, a follow-up can land on another), /tokenize and the
+# rest, which the router would pass to one replica it picks without retry.
+ROUTES = {
+    "/v1/chat/completions": "POST",
+    "/v1/completions": "POST",
+    "/v1/models": "GET",
+}
+KEY_ENV = "API_KEY"
+UPSTREAM_ENV = "SPARKSERVE_ROUTER_UPSTREAM"  # the router's loopback base URL
+# Not passed on in either direction: hop-by-hop headers (RFC 9110 7.6.1), the Host (the
+# router's own), and on answers the CORS grants the router adds.
+HOP_BY_HOP = frozenset(
+    {b"connection", b"keep-alive", b"proxy-authenticate", b"proxy-authorization", b"te",
+     b"trailer", b"transfer-encoding", b"upgrade", b"host"}
+)  # fmt: skip
+CORS_PREFIX = b"access-control-"
+
+
+def _error(status: int, message: str, kind: str) -> dict[str, object]:
+    """An error in vLLM's own shape (its ErrorResponse), as the replicas answer."""
+    return {"error": {"message": message, "type": kind, "param": None, "code": status}}
+
+
+async def _answer(send: Send, status: int, body: dict[str, object]) -> None:
+    data = json.dumps(body).encode()
+    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(data)).encode())]
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": data})
+
+
+class RouterProxy:
+    """The allow list and the streaming pass-through to the router at `upstream`."""
+
+    def __init__(self, upstream: str) -> None:
+        self.upstream = upstream.rstrip("/")
+        # No read timeout: a long prompt's prefill sends nothing for minutes, and the router
+        # bounds each request itself (its --request-timeout-secs).
+        timeout = httpx.Timeout(connect=10.0, read=None, write=None, pool=None)
+        self.client = httpx.AsyncClient(timeout=timeout, limits=httpx.Limits(max_connections=None))
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "lifespan":
+            await self.lifespan(receive, send)
+            return
+        if scope["type"] != "http":
+            await send({"type": "websocket.close", "code": 1008})
+            return
+        path, method = scope["path"], scope["method"]
+        if path == HEALTH_PATH and method in ("GET", "HEAD"):
+            await self.health(send)
+            return
+        wanted = ROUTES.get(path)
+        if wanted is None:
+            await _answer(send, 404, _error(404, f"no route {path} here", "NotFound"))
+        elif method != wanted:
+            await _answer(send, 405, _error(405, f"{path} takes {wanted}", "MethodNotAllowed"))
+        else:
+            await self.forward(scope, receive, send)
+
+    async def lifespan(self, receive: Receive, send: Send) -> None:
+        while True:
+            message = await receive()
+            if message["type"] == "lifespan.startup":
+                await send({"type": "lifespan.startup.complete"})
+            elif message["type"] == "lifespan.shutdown":
+                await self.client.aclose()
+                await send({"type": "lifespan.shutdown.complete"})
+                return
+
+    async def health(self, send: Send) -> None:
+        try:
+            answer = await self.client.get(self.upstream + READINESS_PATH, timeout=5.0)
+            ready = answer.status_code == 200
+        except httpx.HTTPError:
+            ready = False
+        if ready:
+            await _answer(send, 200, {"status": "ok"})
+        else:
+            message = "no replica in rotation (or the router is not up)"
+            await _answer(send, 503, _error(503, message, "ServiceUnavailable"))
+
+    async def forward(self, scope: Scope, receive: Receive, send: Send) -> None:
+        headers = [
+            (name, value)
+            for name, value in scope.get("headers") or ()
+            if name.lower() not in HOP_BY_HOP
+        ]
+        query = scope.get("query_string") or b""
+        url = self.upstream + scope["path"] + (f"?{query.decode('latin-1')}" if query else "")
+        request = self.client.build_request(
+            scope["method"], url, headers=headers, content=_body(receive)
+        )
+        try:
+            response = await self.client.send(request, stream=True)
+        except httpx.HTTPError as error:
+            message = f"the router did not answer: {type(error).__name__}"
+            await _answer(send, 502, _error(502, message, "BadGateway"))
+            return
+        try:
+            kept = [
+                (name, value)
+                for name, value in response.headers.raw
+                if name.lower() not in HOP_BY_HOP and not name.lower().startswith(CORS_PREFIX)
+            ]
+            await send(
+                {"type": "http.response.start", "status": response.status_code, "headers": kept}
+            )
+            # A client gone mid-stream closes the router's request (which the router passes
+            # on): the server sends nothing more to a gone client, so it is watched for.
+            gone = asyncio.create_task(_disconnected(receive))
+            gone.add_done_callback(lambda _: asyncio.ensure_future(response.aclose()))
+            try:
+                # raw bytes as the router sent them (its content-encoding and length hold)
+                async for chunk in response.aiter_raw():
+                    await send({"type": "http.response.body", "body": chunk, "more_body": True})
+            except (httpx.HTTPError, httpx.StreamClosed):
+                if not gone.done():
+                    raise
+            finally:
+                gone.cancel()
+            await send({"type": "http.response.body", "body": b""})
+        finally:
+            await response.aclose()
+
+
+async def _disconnected(receive: Receive) -> None:
+    """Returns when the client has gone (after its body was read)."""
+    with contextlib.suppress(Exception):
+        while (await receive())["type"] != "http.disconnect":
+            pass
+        return
+    await asyncio.Event().wait()  # receive failed: never report a disconnect that was not seen
+
+
+async def _body(receive: Receive) -> AsyncIterator[bytes]:
+    """The client's body as it arrives (RequireKey counts it against MAX_REQUEST_MB)."""
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            return
+        chunk = message.get("body", b"")
+        if chunk:
+            yield chunk
+        if not message.get("more_body", False):
+            return
+
+
+def gate_app(upstream: str, key: str, max_request_mb: float, hosts: list[str]) -> RequireKey:
+    """The whole gate: the server's access rule around the allow list and the pass-through."""
+    return RequireKey(
+        RouterProxy(upstream),
+        keys=[key] if key else [],
+        metrics_open=False,
+        max_request_mb=max_request_mb,
+        hosts=hosts,
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m sparkserve.router.gate`: run by `sparkserve router`, which checked the knobs;
+    the key comes from the environment (API_KEY), never from the command line."""
+    import uvicorn
+
+    parser = argparse.ArgumentParser(prog="sparkserve.router.gate")
+    parser.add_argument("--host", required=True)
+    parser.add_argument("--port", type=int, required=True)
+    parser.add_argument("--upstream", required=True, help="the router's loopback base URL")
+    parser.add_argument("--max-request-mb", type=float, required=True)
+    parser.add_argument("--allowed-hosts", default="", help="names besides loopback, or *")
+    parser.add_argument("--grace-s", type=int, default=50, help="drain time on SIGTERM")
+    args = parser.parse_args(argv)
+    app = gate_app(
+        args.upstream,
+        os.environ.get(KEY_ENV, ""),
+        args.max_request_mb,
+        [name for name in args.allowed_hosts.split(",") if name],
+    )
+    uvicorn.run(
+        app,
+        host=args.host,
+        port=args.port,
+        lifespan="on",
+        proxy_headers=False,
+        server_header=False,
+        timeout_graceful_shutdown=args.grace_s,
+        log_level="warning",
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
