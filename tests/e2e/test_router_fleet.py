@@ -708,8 +708,9 @@ def test_2_a_killed_replica_fails_only_the_requests_it_held(fleet: Fleet) -> Non
     assert sent_after and all(o.ok for o in sent_after), FIGURES["kill"]
     # nothing routed to it once out of rotation (the sampling's own period aside)
     assert last_routed <= noticed + 0.5, FIGURES["kill"]
-    # the two others answered the stream after that
-    assert all(others_after[r.url] > others_before[r.url] for r in others), others_after
+    # the others answered the stream after that (cache_aware may send it all to one of them:
+    # CI's loaded run of 2026-12-06 had 2 more on one, none on the other)
+    assert sum(others_after[r.url] - others_before[r.url] for r in others) > 0, others_after
     REACHED.add("killed")
 
 
