@@ -23,12 +23,14 @@ def run(name: str, tokens: list[int], margins: list[float] | None = None,
     return Run(name, tuple(tokens), tuple(logprobs), tuple(margins))
 
 
-def top(token: int, logprob: float = -0.5) -> Score:
-    return Score(token, logprob, 1, logprob)
+def top(token: int, logprob: float = -0.5, margin: float = 2.0) -> Score:
+    """The token is the scoring server's own choice, `margin` over its runner-up."""
+    return Score(token, logprob, 1, logprob, token, logprob - margin)
 
 
-def below(token: int, gap: float, top_logprob: float = -0.5) -> Score:
-    return Score(token, top_logprob - gap, 2, top_logprob)
+def below(token: int, gap: float, top_logprob: float = -0.5, choice: int = 999) -> Score:
+    """The server chose `choice`, `gap` over this token, its runner-up."""
+    return Score(token, top_logprob - gap, 2, top_logprob, choice, top_logprob - gap)
 
 
 def test_speculation_passes_when_every_drafted_token_is_the_plain_choice() -> None:
@@ -61,8 +63,25 @@ def test_speculation_fails_on_a_token_the_plain_model_would_not_choose() -> None
     assert result.data["agreement_by_position"] == [1.0, 0.0, 0.0]
 
 
+def test_speculation_judges_by_teacher_forcing_only_where_the_free_runs_part() -> None:
+    # an H100 with random weights: the free runs identical, yet teacher forcing (a prefill
+    # per position) put the plain run's own token 0.151 below its choice: not speculation's
+    same = {"a": run("a", [1, 2, 3])}
+    path = {"a": [top(1), below(2, 0.151), top(3)]}
+    result = compare.speculation(same, same, path, 0.15, DRAFTED)
+    assert result.ok is True and "a: identical" in result.detail, result.detail
+    # once the runs part, teacher forcing judges that position and every one after it
+    drafted, plain = {"a": run("a", [1, 2, 7])}, {"a": run("a", [1, 2, 3])}
+    after = {"a": [top(1), below(2, 0.151), below(7, 0.4)]}
+    result = compare.speculation(drafted, plain, after, 0.15, DRAFTED)
+    assert result.ok is False
+    assert "a: 1 of 3 tokens not the plain model's choice, first at 2, up to 0.400" in (
+        result.detail
+    )
+
+
 def test_int8_head_passes_within_the_limit_and_reports_agreement_and_deltas() -> None:
-    reference = {"a": run("a", [1, 2], logprobs=[-0.5, -1.0])}
+    reference = {"a": [top(1, -0.5), top(2, -1.0)]}
     scores = {"a": [top(1, -0.52), top(2, -0.97)]}
     result = compare.int8_head(reference, scores, max_delta=0.1)
     assert result.ok is True
@@ -73,16 +92,16 @@ def test_int8_head_passes_within_the_limit_and_reports_agreement_and_deltas() ->
 
 
 def test_int8_head_fails_on_a_delta_past_the_limit() -> None:
-    reference = {"a": run("a", [1], logprobs=[-0.5])}
+    reference = {"a": [top(1, -0.5)]}
     result = compare.int8_head(reference, {"a": [top(1, -0.8)]}, max_delta=0.1)
     assert result.ok is False and "largest 0.3000" in result.detail
 
 
 def test_int8_head_tolerates_a_swap_only_where_the_bf16_margin_allows_it() -> None:
-    near = {"a": run("a", [1], margins=[0.15], logprobs=[-0.5])}
+    near = {"a": [top(1, -0.5, margin=0.15)]}
     swapped = {"a": [below(1, 0.04, top_logprob=-0.45)]}  # rank 2, moved by 0.01
     assert compare.int8_head(near, swapped, max_delta=0.1).ok is True
-    clear = {"a": run("a", [1], margins=[0.5], logprobs=[-0.5])}
+    clear = {"a": [top(1, -0.5, margin=0.5)]}
     result = compare.int8_head(clear, swapped, max_delta=0.1)
     assert result.ok is False and "a clear choice changed at a token 0" in result.detail
 
@@ -107,7 +126,7 @@ def test_prefix_caching_fails_on_zero_hits_even_with_identical_outputs() -> None
 
 
 def test_int8_head_bit_identical_to_bf16_is_not_tested_and_keeps_verify_from_passing() -> None:
-    reference = {"a": run("a", [1, 2], logprobs=[-0.5, -1.0])}
+    reference = {"a": [top(1, -0.5), top(2, -1.0)]}
     result = compare.int8_head(reference, {"a": [top(1, -0.5), top(2, -1.0)]}, max_delta=0.1)
     assert result.ok is None and result.claimed
     assert result.detail.startswith("not tested: no int8 head ran; top-1 agreement 2 of 2")
@@ -120,9 +139,9 @@ def probe(*logprobs: float) -> tuple[tuple[tuple[int, float], ...], ...]:
 
 
 def test_int8_head_whose_probe_matches_the_bf16_heads_is_not_tested_though_scores_differ() -> None:
-    # the bf16 plugin path in both settings: the scores differ (a greedy run against
-    # teacher-forced scoring, up to 0.032 on the CPU) but the probes, one prefill each, do not
-    reference = {"a": run("a", [1, 2], logprobs=[-0.5, -1.0])}
+    # the bf16 plugin path in both settings: the scores may differ (each position a request of
+    # its own, batched and cached as the server goes) but the probes, one prefill each, do not
+    reference = {"a": [top(1, -0.5), top(2, -1.0)]}
     scored = {"a": [top(1, -0.52), top(2, -0.99)]}
     same = (probe(-0.25, -1.5), probe(-0.25, -1.5))
     result = compare.int8_head(reference, scored, max_delta=0.1, probes=same)

@@ -98,6 +98,8 @@ class Collected:
 
     runs: dict[str, dict[str, collect.Run]] = field(default_factory=dict)
     scores: dict[str, dict[str, list[collect.Score]]] = field(default_factory=dict)
+    # the bf16 head's teacher-forced scores of its own runs: the int8 head's reference
+    bf16_scores: dict[str, list[collect.Score]] = field(default_factory=dict)
     repeat: dict[str, collect.Run] = field(default_factory=dict)
     repeat_hits: float = 0.0
     # the spec-decode counters over the served greedy runs
@@ -126,6 +128,9 @@ def _serve_phase(phase: phases.Phase, server: Server, model: str, prompts: list[
     say(f"[verify] {phase.name}: {len(prompts)} prompts x {args.gen_tokens} greedy tokens")
     if phase.name in (phases.BF16, phases.PLAIN) and "head" in checks and uses.int8_head:
         got.head_probes[phase.name] = collect.head_probe(server, model, prompts[0])
+    if phase.name == phases.BF16:
+        got.bf16_scores = _score_all(server, model, prompts, got.runs[phases.BF16])
+        say(f"[verify] {phase.name}: scored its own runs (teacher-forced)")
     if phase.name == phases.SERVED and "prefix" in checks and uses.prefix_cache:
         shared = [p for p in prompts if p.prompt.shared_prefix]
 
@@ -135,17 +140,19 @@ def _serve_phase(phase: phases.Phase, server: Server, model: str, prompts: list[
         got.repeat_hits = collect.prefix_hits(server, again)
         say(f"[verify] served: the shared prefix again, {got.repeat_hits:.0f} tokens hit")
     if phase.name == phases.PLAIN:
-        by_name = {p.prompt.name: p for p in prompts}
         for reference in (phases.SERVED, phases.BF16):
             if reference == phases.SERVED and not ("speculation" in checks and uses.speculating):
                 continue
             if reference not in got.runs:
                 continue
-            got.scores[reference] = {
-                name: collect.score(server, model, by_name[name], run)
-                for name, run in got.runs[reference].items()
-            }
+            got.scores[reference] = _score_all(server, model, prompts, got.runs[reference])
             say(f"[verify] {phase.name}: scored the {reference} runs (teacher-forced)")
+
+
+def _score_all(server: Server, model: str, prompts: list[collect.Rendered],
+               runs: dict[str, collect.Run]) -> dict[str, list[collect.Score]]:  # fmt: skip
+    by_name = {p.prompt.name: p for p in prompts}
+    return {name: collect.score(server, model, by_name[name], run) for name, run in runs.items()}
 
 
 def _unused(name: str, knob: str, claimed: bool) -> tuple[str, Result]:
@@ -183,8 +190,7 @@ def _verdicts(
         found.append(_unused("int8 head vs bf16", "SPARK_KEEP_BF16_LMHEAD=1", "head" in named))
     elif "head" in checks:
         probes = (got.head_probes.get(phases.BF16), got.head_probes.get(phases.PLAIN))
-        verdict = compare.int8_head(got.runs[phases.BF16], got.scores[phases.BF16], max_delta,
-                                    probes)  # fmt: skip
+        verdict = compare.int8_head(got.bf16_scores, got.scores[phases.BF16], max_delta, probes)
         found.append((phases.BF16, verdict))
     return found
 

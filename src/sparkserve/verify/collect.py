@@ -40,13 +40,21 @@ class Run:
 
 @dataclass(frozen=True)
 class Score:
-    """A token of another run, as this server scores it at its position: its log-probability,
-    its rank (1: the server's own greedy choice) and the server's top log-probability."""
+    """A token of a run, as this server scores it at its position: its log-probability, its
+    rank (1: the server's own greedy choice), and the server's own choice there (token and
+    log-probability) with the runner-up's log-probability (-inf where none was listed)."""
 
     token: int
     logprob: float
     rank: int
     top_logprob: float
+    top_token: int
+    runner_up: float = -math.inf
+
+    @property
+    def margin(self) -> float:
+        """The server's own choice over its runner-up."""
+        return self.top_logprob - self.runner_up
 
     @property
     def gap(self) -> float:
@@ -116,7 +124,8 @@ def score(server: Server, model: str, prompt: Rendered, run: Run) -> list[Score]
         found = [(rank, lp) for rank, (lp, t) in enumerate(ranked, start=1) if t == token]
         # below the listed ones: its log-probability is at most the last one listed
         rank, logprob = found[0] if found else (len(ranked) + 1, ranked[-1][0])
-        scores.append(Score(token, logprob, rank, ranked[0][0]))
+        runner_up = ranked[1][0] if len(ranked) > 1 else -math.inf
+        scores.append(Score(token, logprob, rank, ranked[0][0], ranked[0][1], runner_up))
     return scores
 
 
