@@ -45,9 +45,9 @@
 #                            figure; OUT/decode_speed.json and .png, the server logs as
 #                            OUT/decode_speed_logs.tgz. HEADS=int8 or HEADS=bf16 runs one head
 #                            (one call each, if one call's 600 s do not hold both)
-#   TRIAL_PATCH=NAME         selftest and verify with a trial patch (docs/PATCHES.md, e.g.
-#                            hybrid-page-divide) applied to the installed vLLM for the run and
-#                            reverted after it, as starts.py does for its page-divide cases
+#   TRIAL_PATCH=NAME         selftest and verify with a trial patch (docs/PATCHES.md,
+#                            sparkserve.patching.TRIAL_PATCHES; none is on trial now) applied
+#                            to the installed vLLM for the run and reverted after it
 #
 # Every step prints its seconds; the host's own torch, triton and CUDA stay as they are.
 set -euo pipefail

@@ -18,15 +18,15 @@ What a start fills and what it leaves for the KV pool, per case, on a GPU the pr
   `extensible` (on a fresh volume of its own) and `extensible-recreated` (on the volume `cold`
   filled): vLLM 0.34's extensible KV cache on (`--enable-extensible-kv-cache` in EXTRA_ARGS,
   after the launcher's `--no-enable-extensible-kv-cache`: the last flag wins), GPU_MEM then a
-  cap rather than the pool's budget; `page-divide` (on a fresh volume of its own) and
-  `page-divide-recreated` (its volume again): vLLM with the trial patch hybrid-page-divide
-  applied for the start (`sparkserve patch hybrid-page-divide`, reverted after: issue 50,
-  docs/PATCHES.md);
-- the cases of PREFIX_PROBE (`cold`, `recreated` and the page-divide ones) then send a
+  cap rather than the pool's budget; `stock-layout` (on a fresh volume of its own) and
+  `stock-layout-recreated` (its volume again): vLLM without the image's hybrid-page-divide
+  patch (`sparkserve patch hybrid-page-divide --revert` for the start, applied again after:
+  issue 50, docs/PATCHES.md);
+- the cases of PREFIX_PROBE (`cold`, `recreated` and the stock-layout ones) then send a
   2,800-token prompt twice (32 tokens each, so DFlash drafts) and keep the second send's
   prefix-cache hits, the speculative counters, vLLM's KV group and hit-unit lines, and the
-  pool `sparkserve plan` predicts for the KV memory vLLM logged (with the patch where the
-  case has it) beside the pool vLLM logged;
+  pool `sparkserve plan` predicts for the KV memory vLLM logged (`--stock-layout` where the
+  case reverted the patch) beside the pool vLLM logged;
 - per case: seconds to healthy, vLLM's memory lines (available KV memory, KV tokens, the
   profiler's parts, the extensible KV cache's size), the GPU's memory free and used once
   healthy and after the completion (nvidia-smi: the whole device), the head's report, one
@@ -89,13 +89,13 @@ CASES: dict[str, tuple[str, bool, dict[str, str]]] = {
     "stop-at-load-unpatched": ("a", False, {}),
     "extensible": ("e", True, {}),
     "extensible-recreated": ("a", False, {}),
-    "page-divide": ("p", True, {}),
-    "page-divide-recreated": ("p", False, {}),
+    "stock-layout": ("s", True, {}),
+    "stock-layout-recreated": ("s", False, {}),
 }
-# Cases served by vLLM with the trial patch hybrid-page-divide applied (reverted after)
-PAGE_DIVIDE = ("page-divide", "page-divide-recreated")
+# Cases served by vLLM without the image's hybrid-page-divide patch (applied again after)
+STOCK_LAYOUT = ("stock-layout", "stock-layout-recreated")
 # Cases that send the prefix probe: a prompt of PROBE_TOKENS sent twice
-PREFIX_PROBE = ("cold", "recreated", *PAGE_DIVIDE)
+PREFIX_PROBE = ("cold", "recreated", *STOCK_LAYOUT)
 PROBE_TOKENS = 2800  # the selftest's models' tokenizer: one token per byte
 # vLLM arguments a case adds after the host's (EXTRA_ARGS come last in the launcher's argv)
 CASE_ARGS = {
@@ -227,7 +227,7 @@ def prefix_probe(case: str, start: Start) -> None:
 
 
 def predict(case: str, env: dict[str, str], start: Start) -> None:
-    """`sparkserve plan` for the KV memory vLLM logged, with the case's patch: the pool and
+    """`sparkserve plan` for the KV memory vLLM logged, with the case's layout: the pool and
     hit unit it predicts, beside the logged pool (parse_log)."""
     if start.kv_gib is None:
         return
@@ -235,8 +235,8 @@ def predict(case: str, env: dict[str, str], start: Start) -> None:
     command = [sys.executable, "-m", "sparkserve", "plan", "--model", env["MODEL"],
                "--drafter", env["DRAFT_MODEL"], "--weights-gib", "1", "--drafter-weights-gib",
                "1", "--kv-cache-memory-bytes", kv_bytes, "--json"]  # fmt: skip
-    if case in PAGE_DIVIDE:
-        command += ["--with-patch", "hybrid-page-divide"]
+    if case in STOCK_LAYOUT:
+        command += ["--stock-layout"]
     done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=300)
     try:
         kv = json.loads(done.stdout)["kv"] or {}
@@ -337,8 +337,8 @@ def run_case(case: str, models: tuple[Path, Path], work: Path, out: Path, deadli
     if STOP_AT_LOAD.get(case) is False:
         patch_startup_stop("--revert")
     env = launcher_env(case, models, volume, home)
-    if case in PAGE_DIVIDE:
-        patch_page_divide()
+    if case in STOCK_LAYOUT:
+        patch_page_divide("--revert")
     with log_path.open("w") as log:
         process = subprocess.Popen(
             [str(REPO / "serve.sh")], env=env,
@@ -354,8 +354,8 @@ def run_case(case: str, models: tuple[Path, Path], work: Path, out: Path, deadli
             try:
                 serve_then_stop(case, process, start, deadline)
             finally:
-                if case in PAGE_DIVIDE:
-                    patch_page_divide("--revert")
+                if case in STOCK_LAYOUT:
+                    patch_page_divide()
     parse_log(log_path.read_text(errors="replace"), start)
     if case in PREFIX_PROBE:
         predict(case, env, start)

@@ -66,17 +66,15 @@ def spark_cases(geometry: tuple[Path, Path]) -> dict[str, tuple[list[str], dict[
     OS_RESERVE_GB=18: GPU_MEM 0.82 keeps the reserve to the byte, 0.83 does not; the
     launcher's rule: tests/memory/test_budget.py)."""
     target, drafter = geometry
-    spark = ["--model", str(target), "--drafter", str(drafter), *SPARK_ARGS, "--json"]
+    # as the Spark's logged starts served (stock vLLM), and as the image lays it out
+    image = ["--model", str(target), "--drafter", str(drafter), *SPARK_ARGS, "--json"]
+    spark = ["--stock-layout", *image]
     return {
         "bf16-head": ([*spark, "--keep-bf16-lmhead", "1"], {}),
         "int8-head": ([*spark, "--keep-bf16-lmhead", "0"], {}),
         "text": ([*spark[:-1], "--keep-bf16-lmhead", "1"], {}),
-        "page-divide": (
-            [*spark, "--keep-bf16-lmhead", "1", "--with-patch", "hybrid-page-divide"], {}
-        ),
-        "page-divide-text": (
-            [*spark[:-1], "--keep-bf16-lmhead", "1", "--with-patch", "hybrid-page-divide"], {}
-        ),
+        "page-divide": ([*image, "--keep-bf16-lmhead", "1"], {}),
+        "page-divide-text": ([*image[:-1], "--keep-bf16-lmhead", "1"], {}),
         # EXTRA_ARGS come last on the launcher's command line, and vLLM takes the last
         "extra-args": (
             [*spark, "--keep-bf16-lmhead", "1"], {"EXTRA_ARGS": "--max-model-len 65536"}
@@ -200,10 +198,11 @@ def kv_plans(runs: dict[str, tuple[int, str, str]], *names: str) -> dict[str, di
 def test_plan_says_the_hit_unit_and_the_page_divide_patchs_pool(
     runs: dict[str, tuple[int, str, str]],
 ) -> None:
-    """The Spark's DFlash layout: prefix hits in 4,480-token units (the target's attention
-    block doubled by page unification). Planned with the trial patch hybrid-page-divide: the
-    drafter's block halved to 1,120, hits in 1,120-token units, GDN pages padded 1.005x
-    instead of 2.01x and the pool 15% larger at the same memory (docs/MEMORY.md)."""
+    """The Spark's DFlash layout on stock vLLM (--stock-layout): prefix hits in 4,480-token
+    units (the target's attention block doubled by page unification). As the image lays it
+    out (its hybrid-page-divide patch, planned by default): the drafter's block halved to
+    1,120, hits in 1,120-token units, GDN pages padded 1.005x instead of 2.01x and the pool
+    15% larger at the same memory (docs/MEMORY.md)."""
     plans = kv_plans(runs, "bf16-head", "page-divide")
     stock, divided = plans["bf16-head"], plans["page-divide"]
     print("page-divide plan:", json.dumps({n: {k: p[k] for k in ("pool_tokens", "hit_unit")}
@@ -249,7 +248,7 @@ def test_plan_counts_the_cudagraph_estimate_and_works_without_a_gpu(
     target, drafter = geometry
     done = plan_cli(
         "--model", str(target), "--drafter", str(drafter), *SPARK_ARGS[:-1], "1", "--json",
-        target_device=None,
+        "--stock-layout", target_device=None,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
     plan = json.loads(done.stdout)

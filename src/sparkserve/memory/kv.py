@@ -84,8 +84,9 @@ class KvRequest:
     # sizes above (max_model_len to prefix_cache) are then theirs. Empty: a bare request (the
     # tests' CPU plans), built from the fields alone.
     serve_argv: tuple[str, ...] = ()
-    # sparkserve patches to plan with (sparkserve.memory.patched_vllm): a trial patch the
-    # image does not apply yet, to see what it would change.
+    # sparkserve patches to plan with (sparkserve.memory.patched_vllm): the image's layout
+    # patches (the planner's default: sparkserve.plan.single.planned_patches) and any trial
+    # patch the image does not apply yet, to see what it would change.
     patches: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:

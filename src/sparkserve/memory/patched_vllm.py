@@ -1,9 +1,10 @@
 """vLLM's planning code as a sparkserve patch leaves it, in this process only.
 
-The planner runs vLLM's own functions. A patch that changes the KV layout (a trial patch,
-sparkserve.patching.TRIAL_PATCHES) is planned by compiling the patch's output of the installed
-module's source and putting the patched function in the module for the duration: vLLM's
-code, patched exactly as `sparkserve patch NAME` would write it, nothing on disk changed.
+The planner runs vLLM's own functions. A patch that changes the KV layout (the image's,
+sparkserve.patching.LAYOUT_PATCHES, or a trial patch) is planned by compiling the patch's
+output of the installed module's source and putting the patched function in the module for
+the duration, where the installed vLLM lacks it: vLLM's code, patched exactly as `sparkserve
+patch NAME` would write it, nothing on disk changed.
 """
 
 from __future__ import annotations

@@ -28,7 +28,7 @@ from sparkserve.knobs.registry import KnobError
 from sparkserve.launch.settings import tool_settings
 from sparkserve.memory.budget import DEFAULT_OVERHEAD_GIB
 from sparkserve.memory.kv import BACKENDS
-from sparkserve.patching import TRIAL_PATCHES
+from sparkserve.patching import LAYOUT_PATCHES, TRIAL_PATCHES
 from sparkserve.plan import pair as plan_pair
 from sparkserve.plan import single as plan
 from sparkserve.plan.single import (
@@ -117,6 +117,12 @@ def add_command(commands: Any) -> None:
         choices=sorted(TRIAL_PATCHES),
         default=[],
         help="plan with a trial vLLM patch the image does not apply yet (docs/PATCHES.md)",
+    )
+    add(
+        "--stock-layout",
+        action="store_true",
+        help=f"plan vLLM's own KV layout, without the image's {', '.join(LAYOUT_PATCHES)} "
+        "(where the installed vLLM is unpatched: to compare with stock vLLM)",
     )
     add("--json", action="store_true", help="print one JSON object instead of the table")
     one_line_errors(parser, "sparkserve plan")

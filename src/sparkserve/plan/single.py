@@ -53,6 +53,7 @@ from sparkserve.memory.kv import (
     VllmMissing,
     kv_geometry,
 )
+from sparkserve.patching import LAYOUT_PATCHES
 from sparkserve.plan.step_bytes import weights_per_step
 
 # Spark figures (docs/MEMORY.md, shared FACTS): LPDDR5X bandwidth on the datasheet and as
@@ -264,7 +265,7 @@ def plan_inputs(args: argparse.Namespace, sources: Sources) -> dict[str, Any]:
         "overhead_gib": args.overhead_gib,
         "cudagraph_share": args.cudagraph_share,
         "kv_cache_memory_bytes": args.kv_cache_memory_bytes,
-        "with_patch": list(getattr(args, "with_patch", None) or []),
+        "patches": list(planned_patches(args)),
     }
     return inputs
 
@@ -289,8 +290,15 @@ def kv_request(args: argparse.Namespace, sources: Sources, kv_bytes: int) -> KvR
         dtypes=sources.dtypes,
         # the launcher's own command for these settings, workarounds included
         serve_argv=vllm_command(settings, installed_vllm(), is_hybrid(sources.config)).argv,
-        patches=tuple(getattr(args, "with_patch", None) or ()),
+        patches=planned_patches(args),
     )
+
+
+def planned_patches(args: argparse.Namespace) -> tuple[str, ...]:
+    """The vLLM patches a plan lays the KV cache out with: the image's layout patches (unless
+    --stock-layout) and any trial patch asked for, each once."""
+    image = () if getattr(args, "stock_layout", False) else LAYOUT_PATCHES
+    return tuple(dict.fromkeys((*image, *(getattr(args, "with_patch", None) or ()))))
 
 
 def kv_budget(
