@@ -32,9 +32,9 @@ from sparkserve.output.atomic_file import replace_text
 INF = math.inf
 NUMBER_OPTIONS: tuple[NumberOption, ...] = (
     ("--gen-tokens", int, 2, INF, 256, "tokens each decode request generates (default 256)"),
-    # two of the 4480-token units a DFlash server of the Spark geometry caches prefixes in
-    # (docs/FINDINGS.md, "Prefix caching with DFlash on a hybrid target"): a 4096-token
-    # prefix would never hit there
+    # two of the 4480-token units stock vLLM caches prefixes in with DFlash on the Spark
+    # geometry (the image's patch: 2240 for a shared prefix; docs/FINDINGS.md, "Prefix caching
+    # with DFlash on a hybrid target"): a 4096-token prefix would not hit on stock
     ("--prefix-tokens", int, 16, INF, 9216,
      "length of the shared prefix for the TTFT test (default 9216)"),
     ("--ttft-rounds", int, 0, INF, 3,
