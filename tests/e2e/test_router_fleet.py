@@ -36,10 +36,10 @@ the tiny model's knobs, the test-only vLLM shims.
      ran), is back in the router's rotation and gets requests again.
   5. spark-4 (MAX_MODEL_LEN differs; started beside tests 1-4): `sparkserve doctor --fleet` in
      the router's container refuses the fleet (exit 1) naming spark-4 and max_model_len, and
-     passes the three alike (exit 0). The router as built does not compare models or settings
-     (vllm-router 0.1.17 labels every worker's model "unknown" and checks only /health):
-     added, spark-4 is healthy in the router's metrics, the router's /health stays 200, and it
-     is sent requests. The test states that as it is: only doctor --fleet catches it.
+     passes the three alike (exit 0). vllm-router 0.1.17 checks only /health, so `sparkserve
+     router add` takes it in; the router's fleet watch (ROUTER_FLEET_CHECK_S, its default 30 s)
+     takes it out again at its next check, the router's /health stays 200 and names it with
+     max_model_len, and under load it gets no request.
 
 Not shown: a Spark, the Spark image, several machines (one Docker host here), a network between
 them that fails (the replicas' containers are killed or stopped instead).
@@ -791,7 +791,7 @@ def test_4_the_killed_replica_restarted_by_docker_rejoins(fleet: Fleet) -> None:
 # 5. another setting
 
 
-def test_5_a_replica_with_another_setting_is_refused_by_doctor_not_by_the_router(
+def test_5_a_replica_with_another_setting_is_refused_by_doctor_and_the_router(
     fleet: Fleet,
 ) -> None:
     needs("fleet")
@@ -810,22 +810,26 @@ def test_5_a_replica_with_another_setting_is_refused_by_doctor_not_by_the_router
     assert "max_model_len" in detail and str(ODD_MAX_MODEL_LEN) in detail, detail
     assert all(rows[url]["status"] == "ok" for url in good), rows
 
-    # What the router does with it: vllm-router 0.1.17 checks /health only, so it takes it in,
-    # reports it healthy and routes to it: only doctor --fleet catches it.
+    # What the router does with it: vllm-router 0.1.17 checks /health only, so it takes it in;
+    # the router's fleet watch takes it out at its next check (ROUTER_FLEET_CHECK_S).
+    before = fleet.processed()[fleet.odd.url]
     added = fleet.admin("router", "add", fleet.odd.url)
     assert added.returncode == 0, added.stdout + added.stderr
-    try:
-        assert fleet.health(fleet.odd) == 1
-        assert get(fleet.port, "/health", key=None)[0] == 200
-        before = fleet.processed()[fleet.odd.url]
-        with Load(fleet.port, clients=4, max_tokens=8, tag="odd") as load:
-            wait_for(
-                "a request routed to the odd replica",
-                lambda: fleet.processed()[fleet.odd.url] > before,
-                60,
-            )
-        assert all(o.ok for o in load.outcomes), [o.seen() for o in load.outcomes if not o.ok]
-        FIGURES["router_odd"] = {"health": fleet.health(fleet.odd),
-                                 "routed": fleet.processed()[fleet.odd.url] - before}  # fmt: skip
-    finally:
-        fleet.admin("router", "drain", fleet.odd.url)
+
+    def rotation() -> list[str]:
+        done = fleet.admin("router", "workers")
+        assert done.returncode == 0, done.stdout + done.stderr
+        return [worker["url"] for worker in json.loads(done.stdout)]
+
+    wait_for("the odd replica out of rotation", lambda: fleet.odd.url not in rotation(), 90, 1)
+    status, text = get(fleet.port, "/health", key=None)
+    assert status == 200, text
+    refused = {entry["worker"]: entry for entry in json.loads(text)["refused"]}
+    FIGURES["router_odd"] = refused.get(fleet.odd.url)
+    assert list(refused) == [fleet.odd.url], refused
+    assert {"field": "max_model_len", "here": str(ODD_MAX_MODEL_LEN),
+            "fleet": str(MAX_MODEL_LEN)} in refused[fleet.odd.url]["differences"]  # fmt: skip
+    with Load(fleet.port, clients=4, max_tokens=8, tag="odd") as load:
+        wait_for("requests served", lambda: sum(o.ok for o in load.outcomes) >= 8, 60)
+    assert all(o.ok for o in load.outcomes), [o.seen() for o in load.outcomes if not o.ok]
+    assert fleet.processed()[fleet.odd.url] == before, "the odd replica was sent a request"

@@ -78,4 +78,6 @@ def test_the_gate_listens_where_the_server_would_and_forwards_to_loopback() -> N
         "--max-request-mb": "8",
         "--allowed-hosts": "127.0.0.1",
         "--grace-s": "50",
+        "--workers": "http://a:8000,http://b:8000",
+        "--fleet-check-s": "30",
     }

@@ -42,7 +42,6 @@ ADMIN_ROUTES = [
     ("POST", "/flush_cache"),
     ("GET", "/get_loads"),
     ("GET", "/get_server_info"),
-    ("GET", "/metrics"),
     ("GET", "/readiness"),
     ("POST", "/generate"),
     ("POST", "/tokenize"),
@@ -243,6 +242,10 @@ def test_no_admin_route_is_reachable_through_the_gate(router: Router) -> None:
     for method, path in ADMIN_ROUTES:
         status, text = call(router.url + path, method, {} if method == "POST" else None)
         assert status == 404, (path, status, text)
+    # /metrics is the gate's own (the fleet watch's gauge), not a replica's passed on
+    status, text = call(router.url + "/metrics")
+    assert status == 200 and "sparkserve_router_replica_refused{" in text, text
+    assert "vllm:" not in text
     # a known route with another method is refused too, and nothing changed
     assert call(router.url + "/v1/models", "DELETE")[0] == 405
     assert call(router.url + "/v1/chat/completions", "GET")[0] == 405

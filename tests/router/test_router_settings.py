@@ -18,6 +18,7 @@ def test_defaults() -> None:
     assert settings.policy == "cache_aware"
     assert (settings.port, settings.metrics_port) == (8001, 29000)
     assert (settings.health_interval_s, settings.health_failures) == (2, 2)
+    assert settings.fleet_check_s == 30
     assert settings.host == "0.0.0.0" and settings.api_key == ""
     assert settings.allowed_hosts == "127.0.0.1" and settings.max_request_mb == 8
 

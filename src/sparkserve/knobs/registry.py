@@ -455,6 +455,15 @@ KNOBS: tuple[Knob, ...] = (
          why="Failed health checks in a row after which a replica leaves rotation (2 in a row "
              "succeeded bring it back). 2, not 1: one slow answer under load does not drop a "
              "replica that is well."),
+    Knob("ROUTER_FLEET_CHECK_S", "int", "30", minimum=1, maximum=3600, group="router",
+         scope="router",
+         why="Seconds between the router's checks of every replica's model and settings (what "
+             "`sparkserve doctor --fleet` compares). One that differs from most of them, or "
+             "that cannot be compared (401: not this key; another model), is taken out of "
+             "rotation and put back once a check finds it alike; the gate's /health names it. "
+             "vllm-router itself checks only /health. A check reads four small routes of each "
+             "replica; a lower value only shortens how long a replica restarted with other "
+             "settings may be served before it is taken out."),
     # Launcher behaviour
     Knob("SHUTDOWN_TIMEOUT_S", "int", "50", minimum=0, maximum=120, group="launcher",
          why="Seconds a stop (`docker compose stop`, `down`, a restart: any SIGTERM) lets the "

@@ -21,9 +21,6 @@ import signal
 import subprocess
 import sys
 import time
-import urllib.error
-import urllib.parse
-import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +34,7 @@ from sparkserve.command_line import (
 )
 from sparkserve.knobs.registry import KnobError
 from sparkserve.launch.dotenv import DotenvError, with_dotenv
+from sparkserve.router import admin as admin_routes
 from sparkserve.router.command import ROUTER_PORT, gate_argv, router_argv, upstream
 from sparkserve.router.settings import router_settings
 from sparkserve.router.workers import normalise_worker
@@ -44,7 +42,6 @@ from sparkserve.router.workers import normalise_worker
 PROG = "sparkserve router"
 POLL_S = 0.2
 ROUTER_STOP_S = 10  # vllm-router exits at once on SIGTERM; then SIGKILL
-ADD_TIMEOUT_S = 660  # /add_worker waits up to 600 s for the replica's /health
 
 
 def add_command(commands: Any) -> None:
@@ -81,7 +78,7 @@ def run(args: argparse.Namespace) -> int:
     admin = upstream(args.router_port)
     try:
         if args.router_command == "workers":
-            print(json.dumps(workers(admin), indent=2))
+            print(json.dumps(admin_routes.workers(admin), indent=2))
             return EXIT_OK
         url = normalise_worker(args.url)
         if args.router_command == "drain":
@@ -93,35 +90,14 @@ def run(args: argparse.Namespace) -> int:
         return fail(PROG, f"the router at {admin} did not answer ({error}): is it running here?")
 
 
-def workers(admin: str) -> list[dict[str, Any]]:
-    """vllm-router's GET /workers: each registered replica with is_healthy and load."""
-    with urllib.request.urlopen(admin + "/workers", timeout=10) as answer:
-        return list(json.load(answer)["workers"])
-
-
-def in_rotation(admin: str) -> list[str]:
-    with urllib.request.urlopen(admin + "/list_workers", timeout=10) as answer:
-        return list(json.load(answer)["urls"])
-
-
-def _post(admin: str, route: str, url: str, timeout: float) -> tuple[int, str]:
-    query = urllib.parse.urlencode({"url": url})
-    request = urllib.request.Request(f"{admin}{route}?{query}", method="POST")
-    try:
-        with urllib.request.urlopen(request, timeout=timeout) as answer:
-            return answer.status, answer.read().decode(errors="replace")
-    except urllib.error.HTTPError as error:
-        return error.code, error.read().decode(errors="replace")
-
-
 def drain(admin: str, url: str) -> int:
     """Remove `url` from rotation. The router answers 200 even for a URL it does not hold, so
     the list is read before and after: the URL must be there first and gone after."""
-    listed = in_rotation(admin)
+    listed = admin_routes.in_rotation(admin)
     if url not in listed:
         return fail(PROG, f"{url} is not in rotation (in rotation: {', '.join(listed) or 'none'})")
-    status, text = _post(admin, "/remove_worker", url, 30)
-    if status != 200 or url in in_rotation(admin):
+    status, text = admin_routes.remove(admin, url)
+    if status != 200 or url in admin_routes.in_rotation(admin):
         return fail(PROG, f"the router did not remove {url}: HTTP {status} {text.strip()}", 1)
     print(f"{url} is out of rotation: no new request goes to it; stop it now (its own drain "
           f"finishes what it still serves), `{PROG} add {url}` to bring it back")  # fmt: skip
@@ -130,10 +106,10 @@ def drain(admin: str, url: str) -> int:
 
 def add(admin: str, url: str) -> int:
     """Put `url` into rotation; the router waits for its /health (up to 600 s) first."""
-    if url in in_rotation(admin):
+    if url in admin_routes.in_rotation(admin):
         return fail(PROG, f"{url} is already in rotation")
-    status, text = _post(admin, "/add_worker", url, ADD_TIMEOUT_S)
-    if status != 200 or url not in in_rotation(admin):
+    status, text = admin_routes.add(admin, url)
+    if status != 200 or url not in admin_routes.in_rotation(admin):
         return fail(PROG, f"the router did not add {url}: HTTP {status} {text.strip()}", 1)
     print(f"{url} is in rotation")
     return EXIT_OK

@@ -65,4 +65,6 @@ def gate_argv(settings: RouterSettings, router_port: int, grace_s: int) -> list[
         "--max-request-mb", str(settings.max_request_mb),
         "--allowed-hosts", settings.allowed_hosts,
         "--grace-s", str(grace_s),
+        "--workers", ",".join(settings.workers),
+        "--fleet-check-s", str(settings.fleet_check_s),
     ]  # fmt: skip

@@ -57,6 +57,10 @@ class ProbeFailed(Exception):
     """One replica could not be read; the message says why in one line."""
 
 
+class NoAnswer(ProbeFailed):
+    """No HTTP answer came at all (refused, timed out, closed)."""
+
+
 @dataclass(frozen=True)
 class Reply:
     status: int
@@ -72,6 +76,9 @@ class Replica:
     problem: str | None = None
     settings: Mapping[str, str] = field(default_factory=dict)
     pool_tokens: str | None = None
+    # Not ready or not answering (its /health, or no answer on a later route): what the
+    # router's own health checks see; not a replica that answered and differs.
+    out_of_reach: bool = False
 
 
 @dataclass(frozen=True)
@@ -92,6 +99,7 @@ class Verdict:
     ok: bool
     detail: str
     differences: tuple[Difference, ...] = ()
+    out_of_reach: bool = False
 
 
 def _why(error: BaseException) -> str:
@@ -118,7 +126,7 @@ def get(url: str, path: str, key: str, timeout_s: float) -> Reply:
         answer = conn.getresponse()
         body = answer.read().decode(errors="replace")
     except (OSError, http.client.HTTPException) as error:
-        raise ProbeFailed(f"unreachable: GET {path}: {_why(error)}") from None
+        raise NoAnswer(f"unreachable: GET {path}: {_why(error)}") from None
     finally:
         conn.close()
     return Reply(answer.status, answer.getheader("Content-Type", ""), body)
@@ -194,11 +202,14 @@ def probe(url: str, key: str, timeout_s: float = DEFAULT_TIMEOUT_S) -> Replica:
     """Read one replica: /health first (does it answer at all), then what it serves."""
     try:
         _ok(url, HEALTH_PATH, "", timeout_s)  # /health takes no key (in_vllm.access)
+    except ProbeFailed as failure:
+        return Replica(url, problem=str(failure), out_of_reach=True)
+    try:
         models = served_models(_json(url, MODELS_PATH, key, timeout_s))
         version = _json(url, VERSION_PATH, key, timeout_s)
         text = _ok(url, METRICS_PATH, key, timeout_s).body
     except ProbeFailed as failure:
-        return Replica(url, problem=str(failure))
+        return Replica(url, problem=str(failure), out_of_reach=isinstance(failure, NoAnswer))
     from_metrics, pool = metric_settings(metrics.parse(text))
     settings = {
         "model": models["id"],
@@ -240,7 +251,9 @@ def judge(replicas: Sequence[Replica]) -> list[Verdict]:
     verdicts = []
     for replica in replicas:
         if replica.problem is not None:
-            verdicts.append(Verdict(replica.url, False, replica.problem))
+            verdicts.append(
+                Verdict(replica.url, False, replica.problem, out_of_reach=replica.out_of_reach)
+            )
             continue
         differences = tuple(
             Difference(name, replica.settings.get(name, ABSENT), value)

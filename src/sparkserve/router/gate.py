@@ -13,7 +13,13 @@ loopback only, and this ASGI app stands in front of it:
   is passed to the router and its answer streamed back chunk by chunk as it arrives (SSE is not
   buffered); a client that goes away closes the router's request, which the router passes on;
 - /health is 200 while the router has at least one replica in rotation (its /readiness), 503
-  otherwise: what Docker's healthcheck and a load balancer in front ask.
+  otherwise: what Docker's healthcheck and a load balancer in front ask. Its JSON body names
+  each replica the fleet watch (sparkserve.router.watch) holds out of rotation, and why;
+- the fleet watch runs here: until its first check is applied to the rotation, /health is 503
+  and no request is passed on, so a replica with other settings never gets one;
+- /metrics (the key, as every route but /health) is the gate's own: one gauge per replica,
+  sparkserve_router_replica_refused, 1 while the watch holds it out (the router's own
+  metrics are on ROUTER_METRICS_PORT).
 
 CORS headers the router adds (it allows every origin when given none) are dropped, and a
 preflight gets 405: like the server's default, no web page of another origin may call it.
@@ -32,8 +38,11 @@ import httpx
 
 from sparkserve.in_vllm.access import RequireKey
 from sparkserve.in_vllm.draining import Receive, Scope, Send
+from sparkserve.router.watch import FleetWatch, metrics_text
 
 HEALTH_PATH = "/health"
+METRICS_PATH = "/metrics"  # the gate's own gauge, not the router's (never passed on)
+METRICS_TYPE = b"text/plain; version=0.0.4; charset=utf-8"
 READINESS_PATH = "/readiness"  # vllm-router's: 200 while at least one worker is healthy
 # path -> method: what a chat model's clients call. Left out on purpose: /v1/responses (its
 # stored responses live on one replica, a follow-up can land on another), /tokenize and the
@@ -59,9 +68,12 @@ def _error(status: int, message: str, kind: str) -> dict[str, object]:
     return {"error": {"message": message, "type": kind, "param": None, "code": status}}
 
 
-async def _answer(send: Send, status: int, body: dict[str, object]) -> None:
-    data = json.dumps(body).encode()
-    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(data)).encode())]
+async def _answer(
+    send: Send, status: int, body: dict[str, object] | str, content_type: bytes = b""
+) -> None:
+    data = body.encode() if isinstance(body, str) else json.dumps(body).encode()
+    kind = content_type or b"application/json"
+    headers = [(b"content-type", kind), (b"content-length", str(len(data)).encode())]
     await send({"type": "http.response.start", "status": status, "headers": headers})
     await send({"type": "http.response.body", "body": data})
 
@@ -69,8 +81,9 @@ async def _answer(send: Send, status: int, body: dict[str, object]) -> None:
 class RouterProxy:
     """The allow list and the streaming pass-through to the router at `upstream`."""
 
-    def __init__(self, upstream: str) -> None:
+    def __init__(self, upstream: str, watch: FleetWatch | None = None) -> None:
         self.upstream = upstream.rstrip("/")
+        self.watch = watch
         # No read timeout: a long prompt's prefill sends nothing for minutes, and the router
         # bounds each request itself (its --request-timeout-secs).
         timeout = httpx.Timeout(connect=10.0, read=None, write=None, pool=None)
@@ -87,6 +100,13 @@ class RouterProxy:
         if path == HEALTH_PATH and method in ("GET", "HEAD"):
             await self.health(send)
             return
+        if path == METRICS_PATH and method == "GET" and self.watch is not None:
+            await _answer(send, 200, metrics_text(self.watch.state), METRICS_TYPE)
+            return
+        if self.watch is not None and not self.watch.state.applied and path in ROUTES:
+            message = "the replicas' settings are not checked yet (the router is starting)"
+            await _answer(send, 503, _error(503, message, "ServiceUnavailable"))
+            return
         wanted = ROUTES.get(path)
         if wanted is None:
             await _answer(send, 404, _error(404, f"no route {path} here", "NotFound"))
@@ -99,23 +119,34 @@ class RouterProxy:
         while True:
             message = await receive()
             if message["type"] == "lifespan.startup":
+                if self.watch is not None:
+                    self.watch.start()
                 await send({"type": "lifespan.startup.complete"})
             elif message["type"] == "lifespan.shutdown":
+                if self.watch is not None:
+                    await asyncio.to_thread(self.watch.stop)
                 await self.client.aclose()
                 await send({"type": "lifespan.shutdown.complete"})
                 return
 
     async def health(self, send: Send) -> None:
+        state = self.watch.state if self.watch is not None else None
+        refused = [refusal.as_json() for refusal in state.refused] if state else []
+        if state is not None and not state.applied:
+            message = "the replicas' settings are not checked yet (the router is starting)"
+            await _answer(send, 503, _error(503, message, "ServiceUnavailable"))
+            return
         try:
             answer = await self.client.get(self.upstream + READINESS_PATH, timeout=5.0)
             ready = answer.status_code == 200
         except httpx.HTTPError:
             ready = False
         if ready:
-            await _answer(send, 200, {"status": "ok"})
+            await _answer(send, 200, {"status": "ok", "refused": refused})
         else:
             message = "no replica in rotation (or the router is not up)"
-            await _answer(send, 503, _error(503, message, "ServiceUnavailable"))
+            await _answer(send, 503, {**_error(503, message, "ServiceUnavailable"),
+                                      "refused": refused})  # fmt: skip
 
     async def forward(self, scope: Scope, receive: Receive, send: Send) -> None:
         headers = [
@@ -183,10 +214,16 @@ async def _body(receive: Receive) -> AsyncIterator[bytes]:
             return
 
 
-def gate_app(upstream: str, key: str, max_request_mb: float, hosts: list[str]) -> RequireKey:
+def gate_app(
+    upstream: str,
+    key: str,
+    max_request_mb: float,
+    hosts: list[str],
+    watch: FleetWatch | None = None,
+) -> RequireKey:
     """The whole gate: the server's access rule around the allow list and the pass-through."""
     return RequireKey(
-        RouterProxy(upstream),
+        RouterProxy(upstream, watch),
         keys=[key] if key else [],
         metrics_open=False,
         max_request_mb=max_request_mb,
@@ -206,12 +243,24 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-request-mb", type=float, required=True)
     parser.add_argument("--allowed-hosts", default="", help="names besides loopback, or *")
     parser.add_argument("--grace-s", type=int, default=50, help="drain time on SIGTERM")
+    parser.add_argument("--workers", default="", help="ROUTER_WORKERS, normalised, by commas")
+    parser.add_argument(
+        "--fleet-check-s", type=float, default=0, help="the fleet watch's interval (0: no watch)"
+    )
     args = parser.parse_args(argv)
+    key = os.environ.get(KEY_ENV, "")
+    workers = [url for url in args.workers.split(",") if url]
+    watch = (
+        FleetWatch(args.upstream, workers, key, args.fleet_check_s)
+        if args.fleet_check_s > 0
+        else None
+    )
     app = gate_app(
         args.upstream,
-        os.environ.get(KEY_ENV, ""),
+        key,
         args.max_request_mb,
         [name for name in args.allowed_hosts.split(",") if name],
+        watch,
     )
     uvicorn.run(
         app,

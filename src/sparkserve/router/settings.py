@@ -25,6 +25,7 @@ class RouterSettings:
     metrics_port: int
     health_interval_s: int
     health_failures: int
+    fleet_check_s: int
     host: str
     api_key: str
     allowed_hosts: str  # SPARKSERVE_ALLOWED_HOSTS for the gate's access rule ("*": any)
@@ -71,6 +72,7 @@ def router_settings(env: Mapping[str, str]) -> RouterSettings:
         metrics_port=int(text["ROUTER_METRICS_PORT"]),
         health_interval_s=int(text["ROUTER_HEALTH_INTERVAL_S"]),
         health_failures=int(text["ROUTER_HEALTH_FAILURES"]),
+        fleet_check_s=int(text["ROUTER_FLEET_CHECK_S"]),
         host=text["HOST"],
         api_key=text["API_KEY"],
         allowed_hosts=hosts,
