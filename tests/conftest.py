@@ -33,6 +33,7 @@ from support.cpu_launch import (
     launcher_server,
 )
 from support.promises import STOP_GRACE_S
+from support.replicas import ROUTER_REPLICA_MODULES
 from support.vllm_server import VllmServer
 
 HERE = Path(__file__).resolve().parent
@@ -66,6 +67,10 @@ ONE_PROCESS = (
 # The longest module after the container test's group: it starts at once in the third process.
 CLUSTER_PAIR = "tests/e2e/test_cluster_pair.py"
 SERVER_FIXTURES = {"shared_server", "second_server", "second_server_once"}
+# The router tests' two replicas (tests/router/conftest.py): their modules run in one process,
+# one after the other, so that the pair starts once.
+ROUTER_REPLICAS = "router-replicas"
+REPLICA_FIXTURES = {"router_replicas", "shared_replicas"}
 CONTAINER_TESTS = "tests/e2e/test_container.py"
 # The modules on the suite's Docker Engine. The container test's reboot check restarts that
 # daemon, so the others hold this run's daemon lock while they run (share_the_daemon) and the
@@ -77,12 +82,24 @@ SHARING_THE_DAEMON = (
     "tests/e2e/test_router_fleet.py",
 )
 DOCKER_MODULES = (CONTAINER_TESTS, *SHARING_THE_DAEMON)
+# The other groups that took minutes in CI's runs, longest first (verify on its servers about
+# 12 min, the next release's run of the version-sensitive tests 6, the router tests on their
+# replicas 5, the secrets on a server 4): handed out before the short modules, so that none of
+# them starts last, on one process while the others have nothing left to do.
+LONG_GROUPS = (
+    "tests/e2e/test_verify_servers.py",
+    "tests/releases/test_next_release.py",
+    ROUTER_REPLICAS,
+    "tests/e2e/test_secrets_server.py",
+)
 
 
 def group_of(nodeid: str) -> str:
     """The test's group: tests of one group run in one process."""
     if nodeid.startswith(ONE_PROCESS):
         return ONE_PROCESS_GROUP
+    if nodeid.startswith(ROUTER_REPLICA_MODULES):
+        return ROUTER_REPLICAS
     # a module's tests share its module fixtures (vLLM imported, models built): one process
     return nodeid.split("::")[0]
 
@@ -112,7 +129,8 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """In several processes the one-process group first, then the container test and the
     two-node pair (the longest: each process starts with one of the three), the other modules
     on the daemon (the first process free takes them, while the container test runs), the
-    other end-to-end modules, the rest; the group's hogs come last in it. In one process the
+    other long groups (LONG_GROUPS), the other end-to-end modules, the rest; the group's hogs
+    come last in it. In one process the
     container test comes first, before the session's servers start."""
     for item in items:
         uses_servers = SERVER_FIXTURES & set(getattr(item, "fixturenames", ()))
@@ -123,6 +141,12 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
                 f"{item.nodeid} uses the session's servers or a memory hog: add it to "
                 "ONE_PROCESS in tests/conftest.py"
             )
+        uses_replicas = REPLICA_FIXTURES & set(getattr(item, "fixturenames", ()))
+        if uses_replicas and group_of(item.nodeid) != ROUTER_REPLICAS:
+            raise pytest.UsageError(
+                f"{item.nodeid} uses the router tests' replicas: add its module to "
+                "ROUTER_REPLICA_MODULES in tests/support/replicas.py"
+            )
     for path in {Path(str(item.fspath)) for item in items}:
         rel = f"tests/{path.relative_to(HERE)}"
         if "support.compose_project" in path.read_text() and not rel.startswith(DOCKER_MODULES):
@@ -132,9 +156,9 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             )
     parallel = bool(os.environ.get("PYTEST_XDIST_WORKER"))
     order = (
-        [ONE_PROCESS_GROUP, CONTAINER_TESTS, CLUSTER_PAIR, *SHARING_THE_DAEMON]
+        [ONE_PROCESS_GROUP, CONTAINER_TESTS, CLUSTER_PAIR, *SHARING_THE_DAEMON, *LONG_GROUPS]
         if parallel
-        else [CONTAINER_TESTS, ONE_PROCESS_GROUP, CLUSTER_PAIR, *SHARING_THE_DAEMON]
+        else [CONTAINER_TESTS, ONE_PROCESS_GROUP, CLUSTER_PAIR, *SHARING_THE_DAEMON, *LONG_GROUPS]
     )
 
     def rank(item: pytest.Item) -> tuple[int, bool]:

@@ -22,6 +22,7 @@ import pytest
 from sparkserve.client.metrics import parse as parse_metrics
 from sparkserve.launch.versions import read_versions
 from sparkserve.monitoring.dashboard import OUTPUT, PANELS, RATE, ROUTER_PANELS, PanelSpec, sync
+from support import api_calls
 from support.compose_config import compose_config
 from support.prometheus import (
     ALERTS,
@@ -225,8 +226,7 @@ def test_every_panel_has_data_after_a_bench(shared_server: VllmServer, tmp_path:
 
 def chat(number: int) -> bytes:
     question = f"Question {number}: what does a router do with a replica that is down?"
-    body = {"messages": [{"role": "user", "content": question}], "max_tokens": 4}
-    return json.dumps(body).encode()
+    return json.dumps(api_calls.chat(question, max_tokens=4)).encode()
 
 
 @pytest.mark.e2e

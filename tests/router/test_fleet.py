@@ -1,11 +1,12 @@
 """`sparkserve doctor --fleet` against three real vLLM CPU servers (serve.sh over the tiny plain
-target, API_KEY set): two alike and a third with another served name, max_model_len, prefix
-caching off and n-gram speculation. The odd one is named with each field that differs and
-both values, by majority whatever the order; the two alike pass (from ROUTER_WORKERS, the key
-from the environment or an --env-file); a missing or wrong key is a 401 row; a stopped replica
-is unreachable, and so is one that accepts the connection but never answers (a listening socket
-nobody reads: a hung host) once --fleet-timeout passes. Each verdict comes from what the servers
-answer on /health, /v1/models, /version and /metrics."""
+target, API_KEY set): two alike (the router tests' replicas, tests/router/conftest.py) and a
+third with another served name, max_model_len, prefix caching off and n-gram speculation. The
+odd one is named with each field that differs and both values, by majority whatever the order;
+the two alike pass (from ROUTER_WORKERS, the key from the environment or an --env-file); a
+missing or wrong key is a 401 row; a stopped replica is unreachable, and so is one that accepts
+the connection but never answers (a listening socket nobody reads: a hung host) once
+--fleet-timeout passes. Each verdict comes from what the servers answer on /health,
+/v1/models, /version and /metrics."""
 
 from __future__ import annotations
 
@@ -20,11 +21,11 @@ from pathlib import Path
 import pytest
 
 from sparkserve.doctor.fleet import ALL_CLEAR
-from support.cpu_launch import launcher_server
+from support.replicas import REPLICA_KEY as KEY
+from support.replicas import Replicas, replica
 from support.vllm_server import VllmServer
 
 REPO = Path(__file__).resolve().parents[2]
-KEY = "fleet-test-key"
 ODD = {  # the third replica's knobs: each a field the doctor must name
     "SERVED_MODEL_NAME": "tiny-other",
     "MAX_MODEL_LEN": "2048",
@@ -40,26 +41,19 @@ ODD_DIFFERENCES = (
 
 @pytest.fixture(scope="module")
 def fleet(
-    tiny_models: dict[str, str], sparkserve_site: Path, tmp_path_factory: pytest.TempPathFactory
+    shared_replicas: Replicas,
+    tiny_models: dict[str, str],
+    sparkserve_site: Path,
+    tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[list[VllmServer]]:
-    """[alike, alike, odd], started together (the plain target: the cheapest to serve)."""
-    base = {"MODEL": tiny_models["plain"], "API_KEY": KEY, "NUM_SPEC_TOKENS": "0"}
-    servers = [
-        launcher_server(
-            tmp_path_factory.mktemp(f"fleet-{name}"), "dflash", tiny_models, sparkserve_site,
-            {**base, **extra},
-        )
-        for name, extra in (("a", {}), ("b", {}), ("odd", ODD))
-    ]  # fmt: skip
+    """[alike, alike, odd]: the router tests' two replicas and a third, odd, of their kind."""
+    odd = Replicas([replica(tmp_path_factory.mktemp("fleet-odd"), tiny_models, sparkserve_site,
+                            ODD)])  # fmt: skip
     try:
-        for server in servers:
-            server.start()
-        for server in servers:
-            server.wait_healthy()
-        yield servers
+        odd.start()  # while the two start, if they are not up yet
+        yield [*shared_replicas.get(), *odd.get()]
     finally:
-        for server in servers:
-            server.stop()
+        odd.stop()
 
 
 def doctor(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
