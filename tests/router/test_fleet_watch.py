@@ -1,7 +1,7 @@
 """The fleet watch of `sparkserve router` (sparkserve.router.watch) with the real vllm-router
-and three real vLLM CPU replicas (serve.sh over the tiny model, API_KEY, the render routes on),
-started together: two alike and one with MAX_MODEL_LEN 2048 against their 4096, named first
-in ROUTER_WORKERS (the majority decides, not the order). The odd one is taken out of rotation
+and three real vLLM CPU replicas: the router tests' shared pair (tests/router/conftest.py,
+alike) and one started here with MAX_MODEL_LEN 2048 against their 4096, named first in
+ROUTER_WORKERS (the majority decides, not the order). The odd one is taken out of rotation
 before the gate passes on any request and never gets one (its own vLLM request counter stays
 at 0 while the others serve), the gate's /health stays 200 and names it with the field and
 both values, the router's log says so in one line, and the gate's /metrics (behind the key)
@@ -13,8 +13,6 @@ from __future__ import annotations
 
 import json
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -22,46 +20,29 @@ from typing import Any
 import pytest
 
 from sparkserve.client.metrics import parse as parse_metrics
-from support.cpu_launch import EAGER, KV_CACHE_BYTES, MODEL_NAME, launcher_server
+from support import api_calls
+from support.cpu_launch import MODEL_NAME
+from support.replicas import REPLICA_KEY, Replicas, replica
 from support.router_process import RouterProcess
 from support.vllm_server import VllmServer, metric_sum, tail
 
 pytestmark = pytest.mark.e2e
-KEY = "fleet-watch-test-key"
+KEY = REPLICA_KEY
 SUCCESS = "vllm:request_success_total"
 REFUSED = "sparkserve_router_replica_refused"
 CHECK_S = 1  # ROUTER_FLEET_CHECK_S here: a few checks pass in a few seconds
 ODD_WHY = "differs: max_model_len: here 2048, fleet 4096"
 GUARD_S = 120.0  # a guard against a hang, not a promise
-REPLICA_KNOBS = {
-    "API_KEY": KEY,
-    "NUM_SPEC_TOKENS": "0",
-    "SHUTDOWN_TIMEOUT_S": "5",
-    "EXTRA_ARGS": f"--kv-cache-memory-bytes {KV_CACHE_BYTES} {EAGER} --enable-scale-out",
-}
 
 
 def call(
     url: str, method: str = "GET", body: Any | None = None, key: str | None = KEY
 ) -> tuple[int, str]:
-    data = None if body is None else json.dumps(body).encode()
-    headers = {"Content-Type": "application/json"} if data is not None else {}
-    if key is not None:
-        headers["Authorization"] = f"Bearer {key}"
-    request = urllib.request.Request(url, data=data, headers=headers, method=method)
-    try:
-        with urllib.request.urlopen(request, timeout=120) as answer:
-            return answer.status, answer.read().decode()
-    except urllib.error.HTTPError as error:
-        return error.code, error.read().decode(errors="replace")
+    return api_calls.call(url, key, method, body)
 
 
 def chat() -> dict[str, Any]:
-    return {
-        "model": MODEL_NAME,
-        "messages": [{"role": "user", "content": "Which replica answers this?"}],
-        "max_tokens": 4,
-    }
+    return api_calls.chat("Which replica answers this?", 4, model=MODEL_NAME)
 
 
 def successes(replica: VllmServer) -> float:
@@ -70,30 +51,25 @@ def successes(replica: VllmServer) -> float:
     return metric_sum(parse_metrics(text), SUCCESS)
 
 
-def replica(work: Path, models: dict[str, str], site: Path, **knobs: str) -> VllmServer:
-    return launcher_server(work, "dflash", models, site, {**REPLICA_KNOBS, **knobs})
-
-
 @pytest.fixture(scope="module")
 def replicas(
-    tiny_models: dict[str, str], sparkserve_site: Path, tmp_path_factory: pytest.TempPathFactory
+    shared_replicas: Replicas,
+    tiny_models: dict[str, str],
+    sparkserve_site: Path,
+    tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[list[VllmServer]]:
-    """[odd, a, b], started together."""
-    servers = [
-        replica(tmp_path_factory.mktemp("watch-odd"), tiny_models, sparkserve_site,
-                MAX_MODEL_LEN="2048"),
-        replica(tmp_path_factory.mktemp("watch-a"), tiny_models, sparkserve_site),
-        replica(tmp_path_factory.mktemp("watch-b"), tiny_models, sparkserve_site),
-    ]  # fmt: skip
+    """[odd, a, b]: the odd one started here while the shared pair starts (or runs)."""
+    odd = replica(tmp_path_factory.mktemp("watch-odd"), tiny_models, sparkserve_site,
+                  {"MAX_MODEL_LEN": "2048"})  # fmt: skip
+    servers = [odd]
     try:
-        for server in servers:
-            server.start()
-        for server in servers:
-            server.wait_healthy()
+        odd.start()
+        a, b = shared_replicas.get()
+        odd.wait_healthy()
+        servers = [odd, a, b]
         yield servers
     finally:
-        for server in servers:
-            server.stop()
+        servers[0].stop()  # the odd one, or what replaced it; the pair is the conftest's
 
 
 @pytest.fixture(scope="module")
@@ -206,7 +182,7 @@ def test_restarted_with_the_fleets_settings_it_is_put_back(
     """Last: it replaces the odd replica by one alike on the same port."""
     odd = replicas[0]
     odd.stop()
-    alike = replica(tmp_path, tiny_models, sparkserve_site, PORT=str(odd.port))
+    alike = replica(tmp_path, tiny_models, sparkserve_site, {"PORT": str(odd.port)})
     replicas[0] = alike  # the module's fixture stops it
     alike.start().wait_healthy()
     wait_for("back in rotation", lambda: alike.base_url in rotation(router), router)

@@ -18,6 +18,7 @@ REPLICA_KEY = "router-test-key-1"
 ROUTER_REPLICA_MODULES = (
     "tests/router/test_consistent_hash.py",
     "tests/router/test_fleet.py",
+    "tests/router/test_fleet_watch.py",
     "tests/router/test_router_replicas.py",
 )
 
