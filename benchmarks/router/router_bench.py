@@ -253,7 +253,7 @@ def router_counters(router: VllmRouter) -> dict[str, float]:
 
 
 def run_policy(
-    name: str, policy: str, replicas: list[VllmServer], site: Path, work: Path,
+    name: str, policy: str, replicas: list[VllmServer], work: Path,
     args: argparse.Namespace, user_only: bool = False,
 ) -> dict[str, Any]:  # fmt: skip
     salt = f"{name}-{random.Random().getrandbits(32):08x}"
@@ -433,7 +433,7 @@ def main(argv: list[str] | None = None) -> int:
                 plans.append((f"consistent_hash x{len(replicas)}, user only", "consistent_hash",
                               replicas, True))  # fmt: skip
             plans.append(("one replica", "cache_aware", replicas[:1], False))
-            runs = (run_policy(name, policy, chosen, site, work, args, user_only)
+            runs = (run_policy(name, policy, chosen, work, args, user_only)
                     for name, policy, chosen, user_only in plans)  # fmt: skip
 
             settings = argparse.Namespace(**vars(args) | {

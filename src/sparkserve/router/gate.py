@@ -68,6 +68,13 @@ def _error(status: int, message: str, kind: str) -> dict[str, object]:
     return {"error": {"message": message, "type": kind, "param": None, "code": status}}
 
 
+# Before the fleet watch's first check is applied, /health and every API route answer this:
+# a replica with other settings must not get a request while the router starts.
+NOT_CHECKED_YET = _error(
+    503, "the replicas' settings are not checked yet (the router is starting)", "ServiceUnavailable"
+)
+
+
 async def _answer(
     send: Send, status: int, body: dict[str, object] | str, content_type: bytes = b""
 ) -> None:
@@ -81,7 +88,7 @@ async def _answer(
 class RouterProxy:
     """The allow list and the streaming pass-through to the router at `upstream`."""
 
-    def __init__(self, upstream: str, watch: FleetWatch | None = None) -> None:
+    def __init__(self, upstream: str, watch: FleetWatch) -> None:
         self.upstream = upstream.rstrip("/")
         self.watch = watch
         # No read timeout: a long prompt's prefill sends nothing for minutes, and the router
@@ -100,12 +107,11 @@ class RouterProxy:
         if path == HEALTH_PATH and method in ("GET", "HEAD"):
             await self.health(send)
             return
-        if path == METRICS_PATH and method == "GET" and self.watch is not None:
+        if path == METRICS_PATH and method == "GET":
             await _answer(send, 200, metrics_text(self.watch.state), METRICS_TYPE)
             return
-        if self.watch is not None and not self.watch.state.applied and path in ROUTES:
-            message = "the replicas' settings are not checked yet (the router is starting)"
-            await _answer(send, 503, _error(503, message, "ServiceUnavailable"))
+        if not self.watch.state.applied and path in ROUTES:
+            await _answer(send, 503, NOT_CHECKED_YET)
             return
         wanted = ROUTES.get(path)
         if wanted is None:
@@ -119,23 +125,20 @@ class RouterProxy:
         while True:
             message = await receive()
             if message["type"] == "lifespan.startup":
-                if self.watch is not None:
-                    self.watch.start()
+                self.watch.start()
                 await send({"type": "lifespan.startup.complete"})
             elif message["type"] == "lifespan.shutdown":
-                if self.watch is not None:
-                    await asyncio.to_thread(self.watch.stop)
+                await asyncio.to_thread(self.watch.stop)
                 await self.client.aclose()
                 await send({"type": "lifespan.shutdown.complete"})
                 return
 
     async def health(self, send: Send) -> None:
-        state = self.watch.state if self.watch is not None else None
-        refused = [refusal.as_json() for refusal in state.refused] if state else []
-        if state is not None and not state.applied:
-            message = "the replicas' settings are not checked yet (the router is starting)"
-            await _answer(send, 503, _error(503, message, "ServiceUnavailable"))
+        state = self.watch.state
+        if not state.applied:
+            await _answer(send, 503, NOT_CHECKED_YET)
             return
+        refused = [refusal.as_json() for refusal in state.refused]
         try:
             answer = await self.client.get(self.upstream + READINESS_PATH, timeout=5.0)
             ready = answer.status_code == 200
@@ -219,7 +222,7 @@ def gate_app(
     key: str,
     max_request_mb: float,
     hosts: list[str],
-    watch: FleetWatch | None = None,
+    watch: FleetWatch,
 ) -> RequireKey:
     """The whole gate: the server's access rule around the allow list and the pass-through."""
     return RequireKey(
@@ -245,16 +248,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--grace-s", type=int, default=50, help="drain time on SIGTERM")
     parser.add_argument("--workers", default="", help="ROUTER_WORKERS, normalised, by commas")
     parser.add_argument(
-        "--fleet-check-s", type=float, default=0, help="the fleet watch's interval (0: no watch)"
+        "--fleet-check-s", type=int, required=True, help="the fleet watch's interval (seconds)"
     )
     args = parser.parse_args(argv)
     key = os.environ.get(KEY_ENV, "")
     workers = [url for url in args.workers.split(",") if url]
-    watch = (
-        FleetWatch(args.upstream, workers, key, args.fleet_check_s)
-        if args.fleet_check_s > 0
-        else None
-    )
+    watch = FleetWatch(args.upstream, workers, key, args.fleet_check_s)
     app = gate_app(
         args.upstream,
         key,
