@@ -72,7 +72,7 @@ def test_router_publishes_the_api_where_the_server_is_and_metrics_on_loopback(
 def test_router_gets_its_knobs_and_the_key_only_when_set(project: Path) -> None:
     router_knobs = [knob.name for knob in KNOBS if knob.scope == "router"]
     assert set(router_knobs) >= {"ROUTER_WORKERS", "ROUTER_POLICY", "ROUTER_PORT"}
-    shared = ["API_KEY", "BIND_ADDRESS", "ALLOWED_HOSTS", "MAX_REQUEST_MB"]
+    shared = ["API_KEY", "BIND_ADDRESS", "ALLOWED_HOSTS", "MAX_REQUEST_MB", "METRICS_OPEN"]
     unset = router_service(project)["environment"]
     # a key with no value is passed only when set (compose writes None: nothing is passed)
     assert unset == dict.fromkeys([*router_knobs, *shared])

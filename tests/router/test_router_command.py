@@ -80,4 +80,8 @@ def test_the_gate_listens_where_the_server_would_and_forwards_to_loopback() -> N
         "--grace-s": "50",
         "--workers": "http://a:8000,http://b:8000",
         "--fleet-check-s": "30",
+        "--metrics-open": "0",
     }
+    opened = router_settings({"ROUTER_WORKERS": "http://a:8000", "HOST": "127.0.0.1",
+                              "METRICS_OPEN": "1"})  # fmt: skip
+    assert gate_argv(opened, 30123, 50)[-2:] == ["--metrics-open", "1"]

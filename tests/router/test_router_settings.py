@@ -21,6 +21,8 @@ def test_defaults() -> None:
     assert settings.fleet_check_s == 30
     assert settings.host == "0.0.0.0" and settings.api_key == ""
     assert settings.allowed_hosts == "127.0.0.1" and settings.max_request_mb == 8
+    assert settings.metrics_open is False
+    assert router_settings({**WORKERS, IMAGE_ENV: "cpu", "METRICS_OPEN": "1"}).metrics_open
 
 
 def test_no_workers_is_refused_in_one_line() -> None:
@@ -43,6 +45,7 @@ def test_no_workers_is_refused_in_one_line() -> None:
          "from 1 to 10"),
         ({"ROUTER_HEALTH_INTERVAL_S": "0.5"}, "ROUTER_HEALTH_INTERVAL_S='0.5': must be an "
          "integer from 1 to 300"),
+        ({"METRICS_OPEN": "yes"}, "METRICS_OPEN='yes': must be 0 or 1"),
         ({"BIND_ADDRESS": "0.0.0.0"}, "BIND_ADDRESS='0.0.0.0' publishes the router beyond this "
          "machine without API_KEY"),
     ],

@@ -317,9 +317,10 @@ KNOBS: tuple[Knob, ...] = (
              "through its environment, never on the command line."),
     Knob("METRICS_OPEN", "bool", "0", group="network",
          why="1 serves /metrics without API_KEY, for a Prometheus that has no key (the "
-             "metrics profile's: set 1 there when API_KEY is set). 0 guards it like every "
-             "route but /health: it names the model and the deployment's settings. Without "
-             "API_KEY every route is open anyway."),
+             "metrics profile's: set 1 there when API_KEY is set), at the server and at the "
+             "router's gate (its own gauge of refused replicas). 0 guards it like every route "
+             "but /health: it names the model and the deployment's settings (at the gate, the "
+             "replicas' URLs). Without API_KEY every route is open anyway."),
     Knob("MAX_REQUEST_MB", "int", "8", minimum=1, maximum=1024, group="network",
          why="Largest request body in MiB: a larger one gets HTTP 413 on every route, before "
              "it is read (a chunked one once it passes the limit). A request at the full "

@@ -67,4 +67,5 @@ def gate_argv(settings: RouterSettings, router_port: int, grace_s: int) -> list[
         "--grace-s", str(grace_s),
         "--workers", ",".join(settings.workers),
         "--fleet-check-s", str(settings.fleet_check_s),
+        "--metrics-open", "1" if settings.metrics_open else "0",
     ]  # fmt: skip

@@ -17,9 +17,10 @@ loopback only, and this ASGI app stands in front of it:
   each replica the fleet watch (sparkserve.router.watch) holds out of rotation, and why;
 - the fleet watch runs here: until its first check is applied to the rotation, /health is 503
   and no request is passed on, so a replica with other settings never gets one;
-- /metrics (the key, as every route but /health) is the gate's own: one gauge per replica,
-  sparkserve_router_replica_refused, 1 while the watch holds it out (the router's own
-  metrics are on ROUTER_METRICS_PORT).
+- /metrics is the gate's own: one gauge per replica, sparkserve_router_replica_refused, 1
+  while the watch holds it out (the router's own metrics are on ROUTER_METRICS_PORT). It
+  needs the key like every route but /health, unless METRICS_OPEN=1 (as at each replica: for
+  a Prometheus that has no key; it names only the replicas' URLs).
 
 CORS headers the router adds (it allows every origin when given none) are dropped, and a
 preflight gets 405: like the server's default, no web page of another origin may call it.
@@ -223,12 +224,13 @@ def gate_app(
     max_request_mb: float,
     hosts: list[str],
     watch: FleetWatch,
+    metrics_open: bool = False,
 ) -> RequireKey:
     """The whole gate: the server's access rule around the allow list and the pass-through."""
     return RequireKey(
         RouterProxy(upstream, watch),
         keys=[key] if key else [],
-        metrics_open=False,
+        metrics_open=metrics_open,
         max_request_mb=max_request_mb,
         hosts=hosts,
     )
@@ -250,6 +252,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--fleet-check-s", type=int, required=True, help="the fleet watch's interval (seconds)"
     )
+    parser.add_argument(
+        "--metrics-open", choices=("0", "1"), default="0",
+        help="METRICS_OPEN: 1 serves /metrics without the key",
+    )  # fmt: skip
     args = parser.parse_args(argv)
     key = os.environ.get(KEY_ENV, "")
     workers = [url for url in args.workers.split(",") if url]
@@ -260,6 +266,7 @@ def main(argv: list[str] | None = None) -> int:
         args.max_request_mb,
         [name for name in args.allowed_hosts.split(",") if name],
         watch,
+        metrics_open=args.metrics_open == "1",
     )
     uvicorn.run(
         app,

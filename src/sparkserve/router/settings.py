@@ -12,9 +12,9 @@ from sparkserve.launch.vllm_command import WILDCARDS
 from sparkserve.router.workers import parse_workers
 
 # The server's knobs the router applies alike: the key, where it binds (HOST inside its
-# container or on a host; compose publishes BIND_ADDRESS), the Host names it answers to and
-# the largest body it takes.
-SHARED = ("API_KEY", "HOST", "BIND_ADDRESS", "ALLOWED_HOSTS", "MAX_REQUEST_MB")
+# container or on a host; compose publishes BIND_ADDRESS), the Host names it answers to, the
+# largest body it takes and whether /metrics (the gate's own) is open without the key.
+SHARED = ("API_KEY", "HOST", "BIND_ADDRESS", "ALLOWED_HOSTS", "MAX_REQUEST_MB", "METRICS_OPEN")
 
 
 @dataclass(frozen=True)
@@ -30,6 +30,7 @@ class RouterSettings:
     api_key: str
     allowed_hosts: str  # SPARKSERVE_ALLOWED_HOSTS for the gate's access rule ("*": any)
     max_request_mb: int
+    metrics_open: bool  # the gate's /metrics without the key (METRICS_OPEN=1)
 
 
 def _checked(env: Mapping[str, str]) -> dict[str, str]:
@@ -77,4 +78,5 @@ def router_settings(env: Mapping[str, str]) -> RouterSettings:
         api_key=text["API_KEY"],
         allowed_hosts=hosts,
         max_request_mb=int(text["MAX_REQUEST_MB"]),
+        metrics_open=text["METRICS_OPEN"] == "1",
     )
