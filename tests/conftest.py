@@ -56,6 +56,7 @@ ONE_PROCESS = (
     "tests/e2e/test_lmhead_vs_bf16.py::",
     "tests/e2e/test_metrics_profile.py::test_every_panel_has_data_after_a_bench",
     "tests/e2e/test_metrics_profile.py::test_the_router_is_scraped_and_a_replica_out_of_rotation_fires",
+    "tests/e2e/test_metrics_profile.py::test_a_replica_the_fleet_watch_refuses_fires_behind_the_key",
     "tests/e2e/test_plan_vs_servers.py::",
     "tests/e2e/test_soak_server.py::",
     "tests/e2e/test_stress_pair.py::",

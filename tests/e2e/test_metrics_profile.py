@@ -4,7 +4,9 @@ and Debian's Prometheus and node-exporter scraping a real vLLM CPU server (DFlas
 prefix caching, the memory guard) so that every dashboard panel's query returns data; and the
 real vllm-router (`sparkserve router`) in front of that server and of a replica that is down:
 its panels have data, RouterReplicaOutOfRotation fires for the down one, and a drain leaves
-its health at 0."""
+its health at 0; and its gate with API_KEY set, scraped with the key from a file, in front of
+a replica its fleet watch refuses: RouterReplicaRefused fires for that one, and
+RouterReplicaOutOfRotation does not."""
 
 from __future__ import annotations
 
@@ -40,6 +42,7 @@ REPO = Path(__file__).resolve().parents[2]
 DASHBOARD = REPO / OUTPUT
 RULE_TESTS = REPO / "tests" / "monitoring" / "alerts_test.yml"
 METRICS_SERVICES = {"prometheus", "node-exporter", "grafana"}
+GATE_KEY = "sk-gate-metrics-Hq4vN8"
 HOST_PATHS = {"node-exporter": ("/proc", "/sys")}  # the only host folders a service mounts
 
 
@@ -60,7 +63,7 @@ def idle_markers() -> set[str]:
 
 def every_server(expr: str, window: str) -> str:
     """A query as Grafana sends it with every variable on All and `window` as rate window."""
-    for variable in ("$instance", "$model", "$host", "$router"):
+    for variable in ("$instance", "$model", "$host", "$router", "$gate"):
         expr = expr.replace(variable, ".+")
     return expr.replace(RATE, window)
 
@@ -242,8 +245,10 @@ def test_the_router_is_scraped_and_a_replica_out_of_rotation_fires(
         tmp_path, sparkserve_site, [shared_server.base_url, down], ROUTER_HEALTH_INTERVAL_S="1"
     )
     prometheus = Prometheus(
-        tmp_path, {"vllm": f"{LOOPBACK}:{shared_server.port}", "router": router.metrics_target}
-    )
+        tmp_path,
+        {"vllm": f"{LOOPBACK}:{shared_server.port}", "router": router.metrics_target,
+         "router_gate": f"{LOOPBACK}:{router.port}"},
+    )  # fmt: skip
     with router.running(), prometheus.run():
         prometheus.wait_targets_up()
         for number in range(4):
@@ -294,3 +299,62 @@ def test_the_router_is_scraped_and_a_replica_out_of_rotation_fires(
                    for name, labels in health), "the drained replica's series is gone"  # fmt: skip
     assert not empty, "router panels without data:\n" + "\n".join(empty)
     assert not unhealthy, "rules that do not evaluate:\n" + "\n".join(unhealthy)
+
+
+@pytest.mark.e2e
+def test_a_replica_the_fleet_watch_refuses_fires_behind_the_key(
+    shared_server: VllmServer, sparkserve_site: Path, tmp_path: Path
+) -> None:
+    """The gate with API_KEY set, scraped by Prometheus with the key read from a file (the
+    router_gate job's `authorization: credentials_file`, as docs/METRICS.md says). Its second
+    replica answers /health but cannot be compared: it is another router's gate, where
+    /version is no route (404). The fleet watch holds it out: the refused panel's query reads 1
+    for it and 0 for the shared server, RouterReplicaRefused fires for it alone, and
+    RouterReplicaOutOfRotation does not fire (vllm-router still has it healthy)."""
+    key_file = tmp_path / "api-key"
+    key_file.write_text(GATE_KEY + "\n")  # as `echo KEY > file` writes it
+    key_file.chmod(0o600)
+    other = RouterProcess(tmp_path, sparkserve_site, [shared_server.base_url])
+    with other.running():
+        odd = other.url
+        router = RouterProcess(
+            tmp_path, sparkserve_site, [shared_server.base_url, odd],
+            API_KEY=GATE_KEY, ROUTER_FLEET_CHECK_S="5", ROUTER_HEALTH_INTERVAL_S="1",
+        )  # fmt: skip
+        gate = f"{LOOPBACK}:{router.port}"
+        prometheus = Prometheus(
+            tmp_path, {"router": router.metrics_target, "router_gate": gate},
+            keys={"router_gate": key_file},
+        )  # fmt: skip
+        with router.running(), prometheus.run():
+            status, body = api_calls.call(router.url + "/health", None)
+            assert status == 200, body
+            refused = json.loads(body)["refused"]
+            assert [r["worker"] for r in refused] == [odd], refused
+            assert "HTTP 404 on /version" in refused[0]["why"], refused
+            assert api_calls.call(router.url + "/metrics", None)[0] == 401, "the key is needed"
+            prometheus.wait_targets_up()  # the gate answers Prometheus: it sent the key
+            # The rule's 1 minute and a few evaluations (a guard against a hang).
+            deadline = time.monotonic() + 150
+            while not prometheus.firing("RouterReplicaRefused"):
+                assert time.monotonic() < deadline, (
+                    f"no RouterReplicaRefused for {odd}: {prometheus.api('alerts')}\n"
+                    f"{router.tail()}"
+                )
+                time.sleep(0.5)
+            firing = prometheus.firing("RouterReplicaRefused")
+            assert [(a["worker"], a["instance"]) for a in firing] == [(odd, gate)]
+            (panel,) = [e for t, e in dashboard_queries(ROUTER_PANELS) if "refused" in e]
+            shown = {
+                r["metric"]["worker"]: float(r["value"][1])
+                for r in prometheus.api("query", query=every_server(panel, "1m"))["result"]
+            }
+            assert shown == {shared_server.base_url: 0.0, odd: 1.0}, shown
+            # Held out a minute and more: vllm-router has not seen it unhealthy or its circuit
+            # open, so the other alert is quiet (docs/METRICS.md says so).
+            assert not prometheus.firing("RouterReplicaOutOfRotation"), prometheus.api("alerts")
+            assert not prometheus.values(f'vllm_router_worker_health{{worker="{odd}"}} == 0')
+            assert not prometheus.values(f'vllm_router_cb_state{{worker="{odd}"}} == 1')
+            assert [w["url"] for w in json.loads(router.admin("workers").stdout)] == [
+                shared_server.base_url
+            ]

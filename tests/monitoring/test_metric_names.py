@@ -73,3 +73,18 @@ def test_a_renamed_metric_is_caught() -> None:
     assert not is_exported("vllm:prefix_cache_hit_total", declared)
     text = "`vllm:gpu_prefix_cache_hits_total` and f'vllm:spec_decode_num_accepted_tokens_'"
     assert names(text) == ["vllm:gpu_prefix_cache_hits_total"]
+
+
+def test_every_router_gate_metric_read_is_one_the_gate_exports() -> None:
+    """The dashboard and the alerts read sparkserve_router_* only as the gate's /metrics
+    writes it (sparkserve.router.watch.metrics_text, with a replica refused and one not)."""
+    from sparkserve.client.metrics import parse
+    from sparkserve.router.watch import FleetState, Refusal, metrics_text
+
+    state = FleetState(True, ("http://a:8000", "http://b:8000"), (Refusal("http://b:8000", "x"),))
+    exported = {name for name, _ in parse(metrics_text(state))}
+    read = REPO / "deploy" / "metrics"
+    texts = [p.read_text() for p in (*read.rglob("*.json"), *read.rglob("*.yml"))]
+    used = {name for text in texts for name in re.findall(r"sparkserve_router_[a-z_]+", text)}
+    assert used == {"sparkserve_router_replica_refused"}, used
+    assert used <= exported, f"not exported by the gate: {sorted(used - exported)}"

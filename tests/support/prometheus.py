@@ -94,9 +94,13 @@ def node_exporter(work: Path, textfile_dir: Path) -> tuple[Running, int]:
     return process(argv, work / "node-exporter.log", url), port
 
 
-def test_config(targets: Mapping[str, str], interval_s: int = 1) -> dict[str, Any]:
+def test_config(
+    targets: Mapping[str, str], interval_s: int = 1, keys: Mapping[str, Path] | None = None
+) -> dict[str, Any]:
     """The shipped prometheus.yml, its job targets replaced by `targets` (job -> host:port);
-    a shipped job a test runs nothing for (the router, in a test of one server) is left out."""
+    a shipped job a test runs nothing for (the router, in a test of one server) is left out.
+    `keys` (job -> a file holding the API key): that job sends it as a Bearer token, read from
+    the file (`authorization: credentials_file`), as docs/METRICS.md tells a user to."""
     config: dict[str, Any] = yaml.safe_load(PROMETHEUS_CONFIG.read_text())
     config["global"]["scrape_interval"] = f"{interval_s}s"
     config["global"]["evaluation_interval"] = f"{interval_s}s"
@@ -106,18 +110,22 @@ def test_config(targets: Mapping[str, str], interval_s: int = 1) -> dict[str, An
         raise PrometheusError(f"the shipped config has jobs {sorted(jobs)}, not {sorted(targets)}")
     for name, target in targets.items():
         jobs[name]["static_configs"] = [{"targets": [target]}]
+    for name, key_file in (keys or {}).items():
+        jobs[name]["authorization"] = {"type": "Bearer", "credentials_file": str(key_file)}
     config["scrape_configs"] = [job for name, job in jobs.items() if name in targets]
     return config
 
 
 class Prometheus:
-    def __init__(self, work: Path, targets: Mapping[str, str]) -> None:
+    def __init__(
+        self, work: Path, targets: Mapping[str, str], keys: Mapping[str, Path] | None = None
+    ) -> None:
         self.port = free_port()
         self.url = f"http://{LOOPBACK}:{self.port}"
         self.work = work
         own = dict(targets, prometheus=f"{LOOPBACK}:{self.port}")
         self.config_path = work / "prometheus.yml"
-        self.config_path.write_text(yaml.safe_dump(test_config(own)))
+        self.config_path.write_text(yaml.safe_dump(test_config(own, keys=keys)))
         self.started = 0.0
 
     def run(self) -> Running:

@@ -61,6 +61,7 @@ VARIABLES = (
     ),
     Variable("host", "host", "label_values(node_memory_MemAvailable_bytes, instance)"),
     Variable("router", "router", 'label_values(up{job="router"}, instance)'),
+    Variable("gate", "router gate", 'label_values(up{job="router_gate"}, instance)'),
 )
 SERVER = '{instance=~"$instance", model_name=~"$model"}'
 HOST = '{instance=~"$host"}'
@@ -280,6 +281,9 @@ PANELS: tuple[PanelSpec, ...] = (
 # vLLM's router (vllm-router, the router profile): one router is one `router` scrape target; its
 # `worker` label is the replica's URL as ROUTER_WORKERS gives it (normalised).
 ROUTER = '{instance=~"$router"}'
+# The router's key gate (its ROUTER_PORT, scraped as `router_gate`): another target than the
+# router's metrics port, so another variable.
+GATE = '{instance=~"$gate"}'
 REPLICA = "{{instance}} {{worker}}"
 ROUTER_ROW = "Router: replicas behind vLLM's router (router profile)"
 
@@ -305,8 +309,9 @@ ROUTER_PANELS: tuple[PanelSpec, ...] = (
         "ROUTER_HEALTH_FAILURES failures in a row), circuit open 1 while the router's circuit "
         "breaker keeps requests off it (after consecutive failed requests; the circuit shows "
         "only once a request went to the replica). A replica at healthy 0 or circuit open 1 "
-        "gets no request: RouterReplicaOutOfRotation fires after 30 s. A drained replica keeps "
-        "its last value (vllm-router does not drop the series).",
+        "gets no request: RouterReplicaOutOfRotation fires after 30 s. A drained replica, or "
+        "one the fleet watch holds out (next panel), keeps its last value (vllm-router does "
+        "not drop the series).",
         "short",
         (
             Query(
@@ -316,6 +321,23 @@ ROUTER_PANELS: tuple[PanelSpec, ...] = (
             Query(
                 f"max by (instance, worker) (vllm_router_cb_state{ROUTER}) == bool 1",
                 f"{REPLICA}: circuit open",
+            ),
+        ),
+        maximum=1.0,
+    ),
+    PanelSpec(
+        "Router: replicas refused by the fleet watch",
+        "Per router gate and replica: 1 while the gate's fleet watch holds the replica out of "
+        "rotation because its model or settings differ from most replicas' or it cannot be "
+        "compared (401: not the router's key), 0 while it serves what the fleet serves. "
+        "Checked every ROUTER_FLEET_CHECK_S. The panel above still shows such a replica healthy "
+        "(vllm-router keeps its last health): RouterReplicaRefused fires after 1 minute. The "
+        "gate's /health names the fields that differ; `sparkserve doctor --fleet` too.",
+        "short",
+        (
+            Query(
+                f"max by (instance, worker) (sparkserve_router_replica_refused{GATE})",
+                f"{REPLICA}: refused",
             ),
         ),
         maximum=1.0,
