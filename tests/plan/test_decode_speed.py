@@ -15,9 +15,12 @@ from sparkserve.plan.step_bytes import geometry, quantization, step_bytes
 
 ROOT = Path(__file__).resolve().parents[2]
 RECIPE = ROOT / "recipes" / "qwen3.5-122b-a10b" / "config.json"
+GPU_BENCHMARKS = str(ROOT / "benchmarks" / "gpu")
 
 
 def load() -> ModuleType:
+    if GPU_BENCHMARKS not in sys.path:  # its sibling served.py, as when run as a script
+        sys.path.insert(0, GPU_BENCHMARKS)
     spec = importlib.util.spec_from_file_location(
         "decode_speed", ROOT / "benchmarks" / "gpu" / "decode_speed.py"
     )

@@ -50,6 +50,9 @@ class StreamResult:
     text_chars: int = 0
     finish_reason: str | None = None
     chunk_times: list[float] = field(default_factory=list, repr=False)
+    # tokens each timed chunk carried, where the request asked for them (vLLM's
+    # return_token_ids): with speculative decoding one chunk may carry several
+    chunk_tokens: list[int] = field(default_factory=list, repr=False)
 
     @property
     def ttft_s(self) -> float | None:
@@ -296,6 +299,8 @@ def _take_chunk(result: StreamResult, chunk: dict[str, Any], now: float) -> None
         result.text_chars += len(text)
         result.chunks += 1
         result.chunk_times.append(now)
+        if choice.get("token_ids") is not None:
+            result.chunk_tokens.append(len(choice["token_ids"]))
 
 
 def _counters(snapshot: metrics.Snapshot) -> dict[metrics.MetricKey, float]:
