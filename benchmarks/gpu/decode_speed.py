@@ -33,7 +33,17 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from served import case_server, gpu_name, ints, random_ids, run_streams, settings, write_json
+from served import (
+    case_server,
+    gpu_name,
+    ints,
+    names,
+    random_ids,
+    run_streams,
+    save_figure,
+    settings,
+    write_json,
+)
 
 from sparkserve.plan.step_bytes import (
     BANDWIDTHS_GBS,
@@ -66,14 +76,10 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     try:
         args.streams = ints(args.streams, "--streams", 1, 64)
         args.prefill = ints(args.prefill, "--prefill", 16, 262144)
+        args.heads = names(args.heads, "--heads", HEAD_CASES)
+        (args.layers,) = ints(str(args.layers), "--layers", 1, 48)
     except argparse.ArgumentTypeError as error:
         parser.error(str(error))
-    args.heads = tuple(h for h in args.heads.split(",") if h)
-    unknown = [h for h in args.heads if h not in HEAD_CASES]
-    if unknown or not args.heads:
-        parser.error(f"--heads {','.join(args.heads)}: int8 and/or bf16")
-    if not 1 <= args.layers <= 48:
-        parser.error(f"--layers {args.layers}: from 1 to 48")
     if args.gen_tokens < 8:
         parser.error(f"--gen-tokens {args.gen_tokens}: at least 8")
     return args
@@ -175,15 +181,11 @@ def write_png(path: Path, record: Mapping[str, Any]) -> None:
         right.set_xlabel("prompt tokens")
         right.set_ylabel("prefill tok/s")
         right.legend(fontsize=7)
-    figure.suptitle(
+    save_figure(
+        figure, path,
         f"{record['gpu']}, vLLM {record['vllm']}, {record['settings']['layers']} of "
         f"{record['geometry']['full_depth_layers']} layers, dummy int4 weights",
-        fontsize=9,
-    )
-    figure.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    figure.savefig(path, dpi=110)
-    plt.close(figure)
+    )  # fmt: skip
 
 
 # ------------------------------------------------------------------ the GPU run

@@ -53,7 +53,9 @@
 #                            (64) steps a run; OUT/spec_cost.json and .png, the server logs as
 #                            OUT/spec_cost_logs.tgz. A case not started before the call's
 #                            585 s is left for a later call on the same machine (its caches
-#                            kept); join the calls' JSON with spec_cost.py --merge
+#                            kept); join the calls' JSON with spec_cost.py --merge. The
+#                            recipe's 67 GiB of weights need an H200 at 48 layers; on an H100
+#                            use the depth decode-speed ran at (the ratios depend on depth)
 #   TRIAL_PATCH=NAME         selftest and verify with a trial patch (docs/PATCHES.md,
 #                            sparkserve.patching.TRIAL_PATCHES; none is on trial now) applied
 #                            to the installed vLLM for the run and reverted after it

@@ -10,7 +10,7 @@ import json
 import random
 import subprocess
 import threading
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +31,14 @@ def ints(text: str, option: str, low: int, high: int) -> tuple[int, ...]:
     if not values or any(not low <= v <= high for v in values):
         raise argparse.ArgumentTypeError(f"{option} {text!r}: each from {low} to {high}")
     return values
+
+
+def names(text: str, option: str, allowed: Iterable[str]) -> tuple[str, ...]:
+    """A comma-separated choice among `allowed`, in the order given."""
+    chosen = tuple(v for v in text.split(",") if v)
+    if not chosen or any(v not in allowed for v in chosen):
+        raise argparse.ArgumentTypeError(f"{option} {text!r}: one or more of {','.join(allowed)}")
+    return chosen
 
 
 def settings(env: Mapping[str, str]) -> dict[str, str]:
@@ -74,6 +82,17 @@ def run_streams(
     for thread in threads:
         thread.join()
     return results
+
+
+def save_figure(figure: Any, path: Path, title: str) -> None:
+    """A benchmark's matplotlib figure with its title, as a PNG at `path`."""
+    import matplotlib.pyplot as plt
+
+    figure.suptitle(title, fontsize=9)
+    figure.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    figure.savefig(path, dpi=110)
+    plt.close(figure)
 
 
 @contextlib.contextmanager

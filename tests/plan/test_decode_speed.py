@@ -43,7 +43,8 @@ def test_the_defaults_are_the_issues_cases() -> None:
 @pytest.mark.parametrize(
     ("option", "says"),
     [(["--streams", "1,x"], "comma-separated integers"), (["--streams", "0"], "from 1 to 64"),
-     (["--heads", "fp8"], "int8 and/or bf16"), (["--layers", "49"], "from 1 to 48"),
+     (["--heads", "fp8"], "--heads 'fp8': one or more of int8,bf16"),
+     (["--layers", "49"], "from 1 to 48"),
      (["--gen-tokens", "2"], "at least 8")],
 )  # fmt: skip
 def test_bad_options_are_refused_by_name(

@@ -45,9 +45,10 @@ def test_the_defaults_are_the_issues_cases() -> None:
 
 @pytest.mark.parametrize(
     ("option", "says"),
-    [(["--cases", "plain,eagle"], "--cases plain,eagle: one or more of plain,dflash,mtp"),
+    [(["--cases", "plain,eagle"], "--cases 'plain,eagle': one or more of plain,dflash,mtp"),
      (["--streams", "1,x"], "comma-separated integers"), (["--streams", "9"], "from 1 to 8"),
-     (["--layers", "0"], "--layers 0: from 1 to 48"), (["--steps", "4"], "--steps 4: at least 8"),
+     (["--layers", "0"], "--layers '0': each from 1 to 48"),
+     (["--steps", "4"], "--steps 4: at least 8"),
      (["--dflash-tokens", "16"], "from 1 to 15"), (["--mtp-tokens", "0"], "from 1 to 8"),
      (["--deadline-s", "-1"], "a positive number"),
      (["--merge", "no-such.json"], "--merge no-such.json: no such file")],
@@ -59,6 +60,13 @@ def test_bad_options_are_refused_by_name(
         sc.parse_args(["--out", "x", *option])
     assert exit_.value.code == 2
     assert says in capsys.readouterr().err
+
+
+def test_the_ends_of_the_acceptance_range_are_measured_first() -> None:
+    assert sc.settings_for("plain", 0) == []
+    assert sc.settings_for("mtp", 2) == ["own", 0, 2, "all", 1]
+    assert sorted(map(str, sc.settings_for("dflash", 12))) == sorted(
+        ["own", "all", *map(str, range(13))])  # fmt: skip
 
 
 def test_step_figures_come_from_chunk_times_and_the_tokens_each_carried() -> None:
@@ -236,3 +244,28 @@ def test_the_plugin_folder_makes_vllm_wrap_its_rejection_sampler(tmp_path: Path)
     done = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True,
                           text=True, timeout=300)  # fmt: skip
     assert done.returncode != 0 and "__wrapped__" in done.stderr
+
+
+def test_a_case_is_not_started_past_the_deadline_and_the_record_says_so(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+    out = tmp_path / "out"
+    argv = ["--out", str(out), "--geometry", "tiny", "--layers", "4", "--cases", "plain,mtp",
+            "--deadline-s", "30"]  # fmt: skip
+    assert sc.main(argv) == 1
+    record = json.loads((out / "spec_cost.json").read_text())
+    assert record["runs"] == [] and record["calls"][0]["cases"] == ["plain", "mtp"]
+    assert [e.split(":")[0] for e in record["errors"]] == ["plain", "mtp"]
+    assert "not started" in record["errors"][0] and not (out / "spec_cost.png").exists()
+    assert not list((out / "work").glob("server-*.log"))  # no server was started
+
+
+def test_a_geometry_that_cannot_be_built_is_refused_in_one_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+    assert sc.main(["--out", str(tmp_path / "out"), "--geometry", "tiny", "--layers", "9"]) == 2
+    assert capsys.readouterr().err.strip() == (
+        "spec_cost: --layers 9: must be from 1 to 4 for this geometry")  # fmt: skip
+    assert not (tmp_path / "out").exists()

@@ -291,7 +291,12 @@ def _take_chunk(result: StreamResult, chunk: dict[str, Any], now: float) -> None
             text += delta.get(key) or ""
         if delta.get("tool_calls"):
             text += json.dumps(delta["tool_calls"])
-        if not text and (choice.get("finish_reason") is not None or "role" in delta):
+        carried = choice.get("token_ids")  # tokens whose text may be empty (special ones)
+        if (
+            not text
+            and not carried
+            and (choice.get("finish_reason") is not None or "role" in delta)
+        ):
             continue  # the closing chunk, or the chat API's opening role-only chunk
         if result.first_token is None:
             result.first_token = now
@@ -299,8 +304,8 @@ def _take_chunk(result: StreamResult, chunk: dict[str, Any], now: float) -> None
         result.text_chars += len(text)
         result.chunks += 1
         result.chunk_times.append(now)
-        if choice.get("token_ids") is not None:
-            result.chunk_tokens.append(len(choice["token_ids"]))
+        if carried is not None:
+            result.chunk_tokens.append(len(carried))
 
 
 def _counters(snapshot: metrics.Snapshot) -> dict[metrics.MetricKey, float]:
