@@ -30,6 +30,7 @@ import json
 import os
 import platform
 import random
+import re
 import shutil
 import statistics
 import sys
@@ -56,7 +57,9 @@ PROMPT_TOKENS = 64
 WARM_STEPS = 4  # a short stream after each change of setting: first-call costs off the clock
 MIN_CASE_S = 150.0  # a case is not started with less of the deadline left (a warm start + runs)
 MEASURE_RESERVE_S = 60.0  # of a case's time, kept for its measurements after the start
+PLAIN_MAX_NUM_SEQS = 8  # decode_speed.py's (its --streams 1,2,4,8)
 ALL = "all"
+SAMPLER_LINE = re.compile(r"spec_cost: (.+?) sampler: drafts accepted as")
 DECODE_TIME = "vllm:request_decode_time_seconds"  # a histogram: _sum, _count
 OWN = "own"
 PLUGIN = "sparkserve_spec_accept"
@@ -268,6 +271,12 @@ def derive(runs: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     return out
 
 
+def same_kind(key: str, value: Any) -> Any:
+    """What must match for two calls' runs to be compared: the GPU's model (nvidia-smi's first
+    field: two machines of one kind may differ in driver), the whole geometry."""
+    return value.split(",")[0].strip() if key == "gpu" else value
+
+
 def merge(records: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     """Several calls' records as one: their calls in order, each case's runs from the last call
     that measured it. One GPU and one geometry for all, else ValueError naming both."""
@@ -279,7 +288,7 @@ def merge(records: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     latest: dict[str, int] = {}
     for record in records:
         for key in ("gpu", "geometry"):
-            if record[key] != first[key]:
+            if same_kind(key, record[key]) != same_kind(key, first[key]):
                 mine, theirs = json.dumps(first[key])[:80], json.dumps(record[key])[:80]
                 raise ValueError(f"{key}: {theirs} in one record, {mine} in another")
         base = len(out["calls"])
@@ -393,7 +402,10 @@ def measure_case(
     n = {"dflash": args.dflash_tokens, "mtp": args.mtp_tokens}.get(name, 0)
     port = cases.free_port()
     env = cases.case_env(case, models, base, port, f"spec-cost-{port}", work / f"head-{name}")
-    env.setdefault("MAX_NUM_SEQS", str(max(args.streams)))
+    # plain as decode_speed.py starts it (vLLM hashes max_num_seqs into its compile cache, so
+    # that run's cache serves this start); the speculative servers capture fewer graphs
+    seqs = PLAIN_MAX_NUM_SEQS if name == "plain" else max(args.streams)
+    env.setdefault("MAX_NUM_SEQS", str(seqs))
     switch = work / f"accept-{name}"
     switch.unlink(missing_ok=True)
     if case.speculative:
@@ -407,7 +419,8 @@ def measure_case(
     timeout = min(args.start_timeout_s, deadline - time.monotonic() - MEASURE_RESERVE_S)
     runs: list[dict[str, Any]] = []
     began = time.monotonic()
-    with case_server(case, env, work / f"server-{name}.log", timeout, say) as running:
+    log = work / f"server-{name}.log"
+    with case_server(case, env, log, timeout, say) as running:
         server = {"case": name, "call": call, "healthy_s": time.monotonic() - began,
                   "vllm": running.server.vllm_version(), "knobs": settings(env)}  # fmt: skip
 
@@ -471,6 +484,8 @@ def measure_case(
                     f"tokens a step, step {step_of(figures) * 1e3:.2f} ms "
                     f"(client: {figures['step_s_median'] * 1e3:.2f} ms)")  # fmt: skip
         switch.unlink(missing_ok=True)
+    # which runner's sampler took the settings (spec_accept.py says so on its first step)
+    server["samplers"] = sorted(set(SAMPLER_LINE.findall(log.read_text(errors="replace"))))
     return runs, server
 
 

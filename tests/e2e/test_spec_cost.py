@@ -53,4 +53,5 @@ def test_each_step_accepts_the_drafts_its_switch_names(
     assert record["derived"]["cases"] == {}  # no plain step in this record to compare with
     log = (out / "work" / "server-dflash.log").read_text(errors="replace")
     assert "V1 model runner sampler: drafts accepted as" in log
+    assert record["calls"][0]["servers"][0]["samplers"] == ["V1 model runner"]
     assert "fault accept-all-drafts" in log  # the tests' own fault ran the "all" setting

@@ -159,6 +159,9 @@ def test_calls_merge_by_case_on_one_gpu_and_the_latest_call_of_a_case_counts() -
     assert set(merged["derived"]["cases"]) == {"dflash", "mtp"}
     with pytest.raises(ValueError, match=r"gpu: .*H100.* in one record, .*H200"):
         sc.merge([first, record(mtp, gpu="H100")])
+    # one kind of GPU on two machines whose drivers differ: one GPU
+    assert sc.merge([record(mtp, gpu="H200, 143771 MiB, 580.1"),
+                     record(mtp, gpu="H200, 143771 MiB, 575.2")])["derived"]  # fmt: skip
 
 
 def test_a_merge_is_written_as_json_and_png_and_a_bad_one_refused(
