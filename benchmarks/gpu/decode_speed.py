@@ -27,13 +27,23 @@ import os
 import platform
 import random
 import statistics
-import subprocess
 import sys
-import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
+
+from served import (
+    case_server,
+    gpu_name,
+    ints,
+    names,
+    random_ids,
+    run_streams,
+    save_figure,
+    settings,
+    write_json,
+)
 
 from sparkserve.plan.step_bytes import (
     BANDWIDTHS_GBS,
@@ -46,21 +56,10 @@ from sparkserve.plan.step_bytes import (
 HEAD_CASES = {"int8": "plain", "bf16": "bf16"}  # sparkserve selftest's cases
 PROMPT_TOKENS = 64  # the decode runs' prompt
 NEXT_TURN_TOKENS = 64  # new tokens after a cached prefix
-FIRST_ID = 16  # random prompt ids from here up: past the special and parser tokens
 
 
 def say(line: str) -> None:
     print(f"decode_speed: {line}", file=sys.stderr, flush=True)
-
-
-def _ints(text: str, option: str, low: int, high: int) -> tuple[int, ...]:
-    try:
-        values = tuple(int(v) for v in text.split(","))
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{option} {text!r}: comma-separated integers") from None
-    if not values or any(not low <= v <= high for v in values):
-        raise argparse.ArgumentTypeError(f"{option} {text!r}: each from {low} to {high}")
-    return values
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
@@ -75,16 +74,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--copy-gib", type=float, default=2.0)
     args = parser.parse_args(argv)
     try:
-        args.streams = _ints(args.streams, "--streams", 1, 64)
-        args.prefill = _ints(args.prefill, "--prefill", 16, 262144)
+        args.streams = ints(args.streams, "--streams", 1, 64)
+        args.prefill = ints(args.prefill, "--prefill", 16, 262144)
+        args.heads = names(args.heads, "--heads", HEAD_CASES)
+        (args.layers,) = ints(str(args.layers), "--layers", 1, 48)
     except argparse.ArgumentTypeError as error:
         parser.error(str(error))
-    args.heads = tuple(h for h in args.heads.split(",") if h)
-    unknown = [h for h in args.heads if h not in HEAD_CASES]
-    if unknown or not args.heads:
-        parser.error(f"--heads {','.join(args.heads)}: int8 and/or bf16")
-    if not 1 <= args.layers <= 48:
-        parser.error(f"--layers {args.layers}: from 1 to 48")
     if args.gen_tokens < 8:
         parser.error(f"--gen-tokens {args.gen_tokens}: at least 8")
     return args
@@ -154,11 +149,6 @@ def int8_gain(rows: Sequence[Mapping[str, Any]]) -> dict[int, float]:
     }
 
 
-def write_json(path: Path, record: Mapping[str, Any]) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(record, indent=1, sort_keys=False) + "\n")
-
-
 def write_png(path: Path, record: Mapping[str, Any]) -> None:
     """Decode tok/s per stream by stream count for each head, with the model's ceiling at the
     measured copy bandwidth; prefill tok/s by prompt length."""
@@ -191,15 +181,11 @@ def write_png(path: Path, record: Mapping[str, Any]) -> None:
         right.set_xlabel("prompt tokens")
         right.set_ylabel("prefill tok/s")
         right.legend(fontsize=7)
-    figure.suptitle(
+    save_figure(
+        figure, path,
         f"{record['gpu']}, vLLM {record['vllm']}, {record['settings']['layers']} of "
         f"{record['geometry']['full_depth_layers']} layers, dummy int4 weights",
-        fontsize=9,
-    )
-    figure.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    figure.savefig(path, dpi=110)
-    plt.close(figure)
+    )  # fmt: skip
 
 
 # ------------------------------------------------------------------ the GPU run
@@ -227,40 +213,6 @@ def copy_bandwidth_gbs(gib: float, repeats: int = 20) -> float:
     return 2 * n * 2 / best / 1e9
 
 
-def gpu_name() -> str:
-    try:
-        done = subprocess.run(
-            ["nvidia-smi", "--query-gpu=name,memory.total,driver_version",
-             "--format=csv,noheader"], capture_output=True, text=True, timeout=30, check=True,
-        )  # fmt: skip
-        return done.stdout.strip().splitlines()[0]
-    except (OSError, subprocess.SubprocessError, IndexError):
-        return "unknown GPU"
-
-
-def random_ids(count: int, vocab: int, rng: random.Random) -> list[int]:
-    return [rng.randrange(FIRST_ID, vocab) for _ in range(count)]
-
-
-def run_streams(
-    stream: Callable[[list[int], int], Any], count: int, gen: int, vocab: int,
-    rng: random.Random,
-) -> list[Any]:  # fmt: skip
-    """`count` streams at once, each its own random prompt; their results."""
-    results: list[Any] = [None] * count
-    prompts = [random_ids(PROMPT_TOKENS, vocab, rng) for _ in range(count)]
-
-    def one(i: int) -> None:
-        results[i] = stream(prompts[i], gen)
-
-    threads = [threading.Thread(target=one, args=(i,)) for i in range(count)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    return results
-
-
 def measure_head(
     head: str, args: argparse.Namespace, config: dict[str, Any], models: Any, copy_gbs: float,
     work: Path, rng: random.Random,
@@ -274,23 +226,18 @@ def measure_head(
     base.setdefault("MAX_NUM_SEQS", str(max(args.streams)))
     env = cases.case_env(case, models, base, port, key, work / f"head-report-{head}")
     log = work / f"server-{head}.log"
-    running = cases.start(case, env, log)
     decode: list[dict[str, Any]] = []
     prefill: list[dict[str, Any]] = []
-    version = "unknown"
-    try:
-        up = cases.wait_healthy(running, args.start_timeout_s, say)
-        if not up.ok:
-            raise RuntimeError(f"{head} head: {up.detail}")
+    with case_server(case, env, log, args.start_timeout_s, say) as running:
         version = running.server.vllm_version()
         vocab = int(config["vocab_size"])
 
         def stream(ids: list[int], gen: int) -> Any:
             return running.server.stream_completion(cases.SERVED_NAME, ids, gen)
 
-        run_streams(stream, 1, 16, vocab, rng)  # warm: CUDA graphs, first-call costs
+        run_streams(stream, 1, 16, vocab, rng, PROMPT_TOKENS)  # warm: CUDA graphs, first-call costs
         for count in args.streams:
-            results = run_streams(stream, count, args.gen_tokens, vocab, rng)
+            results = run_streams(stream, count, args.gen_tokens, vocab, rng, PROMPT_TOKENS)
             errors = [r.error for r in results if r.error]
             if errors:
                 raise RuntimeError(f"{head} head, {count} streams: {errors[0]}")
@@ -319,13 +266,7 @@ def measure_head(
                     f"prefill {tokens}: {tokens / cold.ttft_s:.0f} tok/s, TTFT "
                     f"{cold.ttft_s:.2f} s uncached, {warm.ttft_s:.2f} s next turn cached"
                 )
-    finally:
-        cases.kill(running)
-    knobs = ("MAX_NUM_SEQS", "MAX_BATCHED_TOKENS", "GPU_MEM", "PREFIX_CACHE", "NUM_SPEC_TOKENS",
-             "SPARK_KEEP_BF16_LMHEAD", "LOAD_FORMAT", "EXTRA_ARGS", "RECIPE",
-             "MAX_MODEL_LEN")  # fmt: skip
-    settings = {k: env[k] for k in knobs if k in env}
-    return decode, prefill, version, settings
+    return decode, prefill, version, settings(env)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -45,6 +45,17 @@
 #                            figure; OUT/decode_speed.json and .png, the server logs as
 #                            OUT/decode_speed_logs.tgz. HEADS=int8 or HEADS=bf16 runs one head
 #                            (one call each, if one call's 600 s do not hold both)
+#   h200.sh spec-cost        the same install, then benchmarks/gpu/spec_cost.py: the selftest's
+#                            CASES (plain,dflash; or mtp, or plain,dflash,mtp) at LAYERS (48)
+#                            layers, dummy weights; the step at every acceptance (set per step
+#                            by benchmarks/gpu/spec_accept.py, on those servers alone; DFlash
+#                            n=DFLASH_TOKENS 12, MTP n=MTP_TOKENS 2) at STREAMS (1,2), STEPS
+#                            (64) steps a run; OUT/spec_cost.json and .png, the server logs as
+#                            OUT/spec_cost_logs.tgz. A case not started before the call's
+#                            585 s is left for a later call on the same machine (its caches
+#                            kept); join the calls' JSON with spec_cost.py --merge. The
+#                            recipe's 67 GiB of weights need an H200 at 48 layers; on an H100
+#                            use the depth decode-speed ran at (the ratios depend on depth)
 #   TRIAL_PATCH=NAME         selftest and verify with a trial patch (docs/PATCHES.md,
 #                            sparkserve.patching.TRIAL_PATCHES; none is on trial now) applied
 #                            to the installed vLLM for the run and reverted after it
@@ -197,27 +208,53 @@ selftest() {
   return "${status}"
 }
 
+# a GPU benchmark script with what this host needs that the Spark image does not (as
+# selftest), stopped before the call's 585 s
+gpu_benchmark() {
+  HF_HOME="${ROOT}/hf" VLLM_USE_FLASHINFER_SAMPLER=0 \
+    EXTRA_ARGS="--additional-config '{\"gdn_prefill_backend\": \"triton\"}'" \
+    timeout -s INT -k 20 "$((585 - SECONDS))" python3 -u "$@"
+}
+
+# DIR/NAME.json and DIR/NAME.png into OUT (as far as they are written), DIR/work (the server
+# logs) as OUT/NAME_logs.tgz
+bring_back() {
+  local dir="$1" name="$2" out="$3" file
+  for file in "${name}.json" "${name}.png"; do
+    if [[ -f "${dir}/${file}" ]]; then cp "${dir}/${file}" "${out}/"; fi
+  done
+  if [[ -d "${dir}/work" ]]; then tar -C "${dir}" -czf "${out}/${name}_logs.tgz" work; fi
+}
+
 decode_speed() {
   local out="${OUT:?h200.sh: OUT names the folder whose files come back}" status=0
   install
   host_env
   gpu_line "${out}"
   step "decode-speed: ${LAYERS:-48} layers, heads ${HEADS:-int8,bf16}, streams ${STREAMS:-1,2,4,8}"
-  # what this host needs that the Spark image does not (as selftest)
-  HF_HOME="${ROOT}/hf" VLLM_USE_FLASHINFER_SAMPLER=0 \
-    EXTRA_ARGS="--additional-config '{\"gdn_prefill_backend\": \"triton\"}'" \
-    timeout -s INT -k 20 "$((585 - SECONDS))" python3 -u "${REPO}/benchmarks/gpu/decode_speed.py" \
+  gpu_benchmark "${REPO}/benchmarks/gpu/decode_speed.py" \
     --out "${ROOT}/decode" --layers "${LAYERS:-48}" --heads "${HEADS:-int8,bf16}" \
     --streams "${STREAMS:-1,2,4,8}" --prefill "${PREFILL:-2048,8192,32768}" \
     --gen-tokens "${GEN_TOKENS:-256}" --start-timeout-s "${START_TIMEOUT_S:-420}" || status=$?
-  local file
-  for file in decode_speed.json decode_speed.png; do
-    if [[ -f "${ROOT}/decode/${file}" ]]; then cp "${ROOT}/decode/${file}" "${out}/"; fi
-  done
-  if [[ -d "${ROOT}/decode/work" ]]; then
-    tar -C "${ROOT}/decode" -czf "${out}/decode_speed_logs.tgz" work
-  fi
+  bring_back "${ROOT}/decode" decode_speed "${out}"
   step "decode-speed: exit ${status}"
+  return "${status}"
+}
+
+spec_cost() {
+  local out="${OUT:?h200.sh: OUT names the folder whose files come back}" status=0
+  install
+  host_env
+  gpu_line "${out}"
+  step "spec-cost: ${CASES:-plain,dflash} at ${LAYERS:-48} layers, streams ${STREAMS:-1,2}"
+  rm -rf "${ROOT}/spec"
+  gpu_benchmark "${REPO}/benchmarks/gpu/spec_cost.py" \
+    --out "${ROOT}/spec" --cases "${CASES:-plain,dflash}" --layers "${LAYERS:-48}" \
+    --streams "${STREAMS:-1,2}" --steps "${STEPS:-64}" --dflash-tokens "${DFLASH_TOKENS:-12}" \
+    --mtp-tokens "${MTP_TOKENS:-2}" --start-timeout-s "${START_TIMEOUT_S:-480}" \
+    --deadline-s "$((570 - SECONDS))" || status=$?
+  bring_back "${ROOT}/spec" spec_cost "${out}"
+  step "spec-cost: exit ${status}"
   return "${status}"
 }
 
@@ -336,7 +373,8 @@ case "${1:-}" in
   verify) verify_gpu ;;
   verify-run) verify_run ;;
   decode-speed) decode_speed ;;
+  spec-cost) spec_cost ;;
   *) echo "h200.sh: ${1:-no command}: one of stash N, tests, starts CASES, selftest CASES," \
-       "verify, decode-speed" >&2
+       "verify, decode-speed, spec-cost" >&2
      exit 2 ;;
 esac

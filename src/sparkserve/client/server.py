@@ -50,6 +50,9 @@ class StreamResult:
     text_chars: int = 0
     finish_reason: str | None = None
     chunk_times: list[float] = field(default_factory=list, repr=False)
+    # tokens each timed chunk carried, where the request asked for them (vLLM's
+    # return_token_ids): with speculative decoding one chunk may carry several
+    chunk_tokens: list[int] = field(default_factory=list, repr=False)
 
     @property
     def ttft_s(self) -> float | None:
@@ -288,7 +291,12 @@ def _take_chunk(result: StreamResult, chunk: dict[str, Any], now: float) -> None
             text += delta.get(key) or ""
         if delta.get("tool_calls"):
             text += json.dumps(delta["tool_calls"])
-        if not text and (choice.get("finish_reason") is not None or "role" in delta):
+        carried = choice.get("token_ids")  # tokens whose text may be empty (special ones)
+        if (
+            not text
+            and not carried
+            and (choice.get("finish_reason") is not None or "role" in delta)
+        ):
             continue  # the closing chunk, or the chat API's opening role-only chunk
         if result.first_token is None:
             result.first_token = now
@@ -296,6 +304,8 @@ def _take_chunk(result: StreamResult, chunk: dict[str, Any], now: float) -> None
         result.text_chars += len(text)
         result.chunks += 1
         result.chunk_times.append(now)
+        if carried is not None:
+            result.chunk_tokens.append(len(carried))
 
 
 def _counters(snapshot: metrics.Snapshot) -> dict[metrics.MetricKey, float]:
