@@ -3,35 +3,20 @@ refuses, and its JSON and PNG from decode_speed.py-shaped records."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import pytest
 
 from sparkserve.plan.step_bytes import geometry, quantization, step_bytes
+from support.gpu_benchmarks import load
 
 ROOT = Path(__file__).resolve().parents[2]
 RECIPE = ROOT / "recipes" / "qwen3.5-122b-a10b" / "config.json"
-GPU_BENCHMARKS = str(ROOT / "benchmarks" / "gpu")
 
 
-def load() -> ModuleType:
-    if GPU_BENCHMARKS not in sys.path:  # its sibling served.py, as when run as a script
-        sys.path.insert(0, GPU_BENCHMARKS)
-    spec = importlib.util.spec_from_file_location(
-        "layer_scaling", f"{GPU_BENCHMARKS}/layer_scaling.py"
-    )
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-ls = load()
+ls = load("layer_scaling")
 
 
 def record(

@@ -6,30 +6,18 @@ wraps vLLM's own rejection sampler once imported."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import subprocess
 import sys
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import pytest
 
+from support.gpu_benchmarks import load
+
 ROOT = Path(__file__).resolve().parents[2]
-GPU_BENCHMARKS = ROOT / "benchmarks" / "gpu"
-
-
-def load(name: str) -> ModuleType:
-    if str(GPU_BENCHMARKS) not in sys.path:  # its sibling served.py, as when run as a script
-        sys.path.insert(0, str(GPU_BENCHMARKS))
-    spec = importlib.util.spec_from_file_location(name, GPU_BENCHMARKS / f"{name}.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
 
 
 sc = load("spec_cost")
