@@ -28,6 +28,7 @@ from support.compose_project import daemon_lock, sharing_the_daemon
 from support.cpu_launch import (
     EAGER,
     SECOND_SERVER_KV_BYTES,
+    SHARED_MODEL_INFOS,
     cpu_python,
     install_sparkserve,
     launcher_server,
@@ -182,6 +183,14 @@ def share_the_daemon(
         return
     with sharing_the_daemon(daemon_lock(tmp_path_factory.getbasetemp().parent)):
         yield
+
+
+@pytest.fixture(scope="session", autouse=True)
+def shared_model_infos(tmp_path_factory: pytest.TempPathFactory) -> None:
+    """One vLLM modelinfos folder for every test server of this run, all processes
+    (support/cpu_launch.py, SHARED_MODEL_INFOS)."""
+    run_dir = tmp_path_factory.getbasetemp().parent
+    os.environ.setdefault(SHARED_MODEL_INFOS, str(run_dir / "vllm-modelinfos"))
 
 
 @pytest.fixture(scope="session")
