@@ -40,7 +40,7 @@ from support.vllm_server import VllmServer
 HERE = Path(__file__).resolve().parent
 
 
-# The suite runs in three processes (scripts/test.sh: pytest-xdist `-n 3`), each with its own
+# The suite runs in four processes (scripts/test.sh: pytest-xdist `-n 4`), each with its own
 # session fixtures. The tests below run in one process, in the order collected: those of the
 # session's servers (each server then starts once per run) and those with a memory hog of their
 # own (marked `memory_hog`; each hog fills a memory cgroup of its own, support/memory_cgroup.py,
@@ -65,7 +65,7 @@ ONE_PROCESS = (
     "tests/guard/test_danger_window.py::",
     "tests/guard/test_guard.py::test_a_fast_hog_is_stopped_under_half_the_floor_at_once",
 )
-# The longest module after the container test's group: it starts at once in the third process.
+# A long module: the first process that ends its modules on the suite's daemon takes it.
 CLUSTER_PAIR = "tests/e2e/test_cluster_pair.py"
 SERVER_FIXTURES = {"shared_server", "second_server", "second_server_once"}
 # The router tests' two replicas (tests/router/conftest.py): their modules run in one process,
@@ -127,12 +127,13 @@ def pytest_itemcollected(item: pytest.Item) -> None:
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """In several processes the one-process group first, then the container test and the
-    two-node pair (the longest: each process starts with one of the three), the other modules
-    on the daemon (the first process free takes them, while the container test runs), the
-    other long groups (LONG_GROUPS), the other end-to-end modules, the rest; the group's hogs
-    come last in it. In one process the
-    container test comes first, before the session's servers start."""
+    """In several processes the one-process group first, then the container test (the
+    longest: each process starts with one of them), the other modules on the daemon (the
+    other two processes start with them: they end before the container test's reboot check,
+    which would otherwise wait for them, idle, minutes; the selftest's module takes the
+    pair's containers with it, it has two tests), the two-node pair, the other long groups
+    (LONG_GROUPS), the other end-to-end modules, the rest; the group's hogs come last in it.
+    In one process the container test comes first, before the session's servers start."""
     for item in items:
         uses_servers = SERVER_FIXTURES & set(getattr(item, "fixturenames", ()))
         if (uses_servers or item.get_closest_marker("memory_hog")) and group_of(
@@ -157,7 +158,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             )
     parallel = bool(os.environ.get("PYTEST_XDIST_WORKER"))
     order = (
-        [ONE_PROCESS_GROUP, CONTAINER_TESTS, CLUSTER_PAIR, *SHARING_THE_DAEMON, *LONG_GROUPS]
+        [ONE_PROCESS_GROUP, CONTAINER_TESTS, *SHARING_THE_DAEMON, CLUSTER_PAIR, *LONG_GROUPS]
         if parallel
         else [CONTAINER_TESTS, ONE_PROCESS_GROUP, CLUSTER_PAIR, *SHARING_THE_DAEMON, *LONG_GROUPS]
     )
