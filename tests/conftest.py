@@ -40,7 +40,7 @@ from support.vllm_server import VllmServer
 HERE = Path(__file__).resolve().parent
 
 
-# The suite runs in four processes (scripts/test.sh: pytest-xdist `-n 4`), each with its own
+# The suite runs in three processes (scripts/test.sh: pytest-xdist `-n 3`), each with its own
 # session fixtures. The tests below run in one process, in the order collected: those of the
 # session's servers (each server then starts once per run) and those with a memory hog of their
 # own (marked `memory_hog`; each hog fills a memory cgroup of its own, support/memory_cgroup.py,
@@ -128,10 +128,10 @@ def pytest_itemcollected(item: pytest.Item) -> None:
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """In several processes the one-process group first, then the container test (the
-    longest: each process starts with one of them), the other modules on the daemon (the
-    other two processes start with them: they end before the container test's reboot check,
-    which would otherwise wait for them, idle, minutes; the selftest's module takes the
-    pair's containers with it, it has two tests), the two-node pair, the other long groups
+    longest: each process starts with one of them), the other modules on the daemon (the third
+    process starts with them, the selftest's module taking the pair's containers with it, as
+    it has two tests; so the container test's reboot check, which waits for them idle, waits
+    less), the two-node pair, the other long groups
     (LONG_GROUPS), the other end-to-end modules, the rest; the group's hogs come last in it.
     In one process the container test comes first, before the session's servers start."""
     for item in items:
