@@ -98,7 +98,8 @@ log "pytest"
 cd "${REPO}"
 # Three test processes on two cores (pytest-xdist): the container and server tests wait on
 # restarts and health checks much of the time, and a third process fills that; the tests of
-# the session's servers and those with a memory hog share one (tests/conftest.py). `-n 0`
+# the session's servers and those with a memory hog share one (tests/conftest.py). A fourth
+# does not pay: in a run with four (2026-12-06) both cores were busy all the time. `-n 0`
 # among the arguments runs one process.
 # Not exec'd: the EXIT trap stops the suite's Docker Engine after pytest.
 PYTHONPATH="${REPO}/src${PYTHONPATH:+:${PYTHONPATH}}" "${core}/bin/python" -m pytest \

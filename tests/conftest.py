@@ -28,6 +28,7 @@ from support.compose_project import daemon_lock, sharing_the_daemon
 from support.cpu_launch import (
     EAGER,
     SECOND_SERVER_KV_BYTES,
+    SHARED_MODEL_INFOS,
     cpu_python,
     install_sparkserve,
     launcher_server,
@@ -65,7 +66,7 @@ ONE_PROCESS = (
     "tests/guard/test_danger_window.py::",
     "tests/guard/test_guard.py::test_a_fast_hog_is_stopped_under_half_the_floor_at_once",
 )
-# The longest module after the container test's group: it starts at once in the third process.
+# A long module: the first process that ends its modules on the suite's daemon takes it.
 CLUSTER_PAIR = "tests/e2e/test_cluster_pair.py"
 SERVER_FIXTURES = {"shared_server", "second_server", "second_server_once"}
 # The router tests' two replicas (tests/router/conftest.py): their modules run in one process,
@@ -127,12 +128,13 @@ def pytest_itemcollected(item: pytest.Item) -> None:
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """In several processes the one-process group first, then the container test and the
-    two-node pair (the longest: each process starts with one of the three), the other modules
-    on the daemon (the first process free takes them, while the container test runs), the
-    other long groups (LONG_GROUPS), the other end-to-end modules, the rest; the group's hogs
-    come last in it. In one process the
-    container test comes first, before the session's servers start."""
+    """In several processes the one-process group first, then the container test (the
+    longest: each process starts with one of them), the other modules on the daemon (the third
+    process starts with them, the selftest's module taking the pair's containers with it, as
+    it has two tests; so the container test's reboot check, which waits for them idle, waits
+    less), the two-node pair, the other long groups
+    (LONG_GROUPS), the other end-to-end modules, the rest; the group's hogs come last in it.
+    In one process the container test comes first, before the session's servers start."""
     for item in items:
         uses_servers = SERVER_FIXTURES & set(getattr(item, "fixturenames", ()))
         if (uses_servers or item.get_closest_marker("memory_hog")) and group_of(
@@ -157,7 +159,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             )
     parallel = bool(os.environ.get("PYTEST_XDIST_WORKER"))
     order = (
-        [ONE_PROCESS_GROUP, CONTAINER_TESTS, CLUSTER_PAIR, *SHARING_THE_DAEMON, *LONG_GROUPS]
+        [ONE_PROCESS_GROUP, CONTAINER_TESTS, *SHARING_THE_DAEMON, CLUSTER_PAIR, *LONG_GROUPS]
         if parallel
         else [CONTAINER_TESTS, ONE_PROCESS_GROUP, CLUSTER_PAIR, *SHARING_THE_DAEMON, *LONG_GROUPS]
     )
@@ -183,6 +185,14 @@ def share_the_daemon(
         return
     with sharing_the_daemon(daemon_lock(tmp_path_factory.getbasetemp().parent)):
         yield
+
+
+@pytest.fixture(scope="session", autouse=True)
+def shared_model_infos(tmp_path_factory: pytest.TempPathFactory) -> None:
+    """One vLLM modelinfos folder for every test server of this run, all processes
+    (support/cpu_launch.py, SHARED_MODEL_INFOS)."""
+    run_dir = tmp_path_factory.getbasetemp().parent
+    os.environ.setdefault(SHARED_MODEL_INFOS, str(run_dir / "vllm-modelinfos"))
 
 
 @pytest.fixture(scope="session")

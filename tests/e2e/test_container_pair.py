@@ -40,6 +40,7 @@ from support.compose_project import (
     docker_time,
     install_shims,
     place_in_hf_cache,
+    seed_model_infos,
 )
 from support.cpu_launch import UNPINNED
 from support.promises import pair_stop_bound_s
@@ -135,6 +136,7 @@ def project(
     )  # fmt: skip
     project.remove()
     model = tp_model(tiny_models["target"], work / "tp-model")
+    seed_model_infos(project.volume_path("hf-cache"))
     place_in_hf_cache(project.volume_path("hf-cache") / "hub", MODEL_REPO, model)
     try:
         yield project

@@ -71,6 +71,7 @@ from support.compose_project import (
     docker_time,
     install_shims,
     place_in_hf_cache,
+    seed_model_infos,
 )
 from support.cpu_launch import UNPINNED
 from support.vllm_server import free_port, metric_sum
@@ -256,6 +257,7 @@ def replica_project(name: str, work: Path, network: str, shims: Path, model: Pat
         EXTRA_ARGS="--enforce-eager --enable-scale-out",
     )  # fmt: skip
     project.remove()
+    seed_model_infos(project.volume_path("hf-cache"))
     place_in_hf_cache(project.volume_path("hf-cache") / "hub", MODEL_REPO, model)
     return Replica(name, project)
 

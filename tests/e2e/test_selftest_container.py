@@ -17,7 +17,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from support.compose_project import ComposeProject, install_shims
+from support.compose_project import ComposeProject, install_shims, seed_model_infos
 from support.cpu_launch import UNPINNED
 
 SERVICE = "sparkserve-cpu"
@@ -54,6 +54,7 @@ def project(
         SHUTDOWN_TIMEOUT_S="15", TOOL_PARSER="qwen3_xml", REASONING_PARSER="qwen3",
     )  # fmt: skip
     project.remove()
+    seed_model_infos(project.volume_path("hf-cache"))
     try:
         yield project
     finally:

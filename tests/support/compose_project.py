@@ -27,6 +27,7 @@ from pathlib import Path
 
 import yaml
 
+from support.cpu_launch import SHARED_MODEL_INFOS
 from support.vllm_server import free_port
 
 REPO = Path(__file__).resolve().parents[2]
@@ -281,6 +282,24 @@ def place_in_hf_cache(hub: Path, repo_id: str, files: Path) -> None:
     (repo / "refs").mkdir(parents=True, exist_ok=True)
     (repo / "refs" / "main").write_text(digest)
     own_as_the_cache_owner(hub.parent)
+
+
+def seed_model_infos(cache: Path) -> None:
+    """The model-class records of this run's vLLM servers (support/cpu_launch.py,
+    SHARED_MODEL_INFOS) on a model-cache volume, where the container's vLLM looks for them
+    (VLLM_CACHE_ROOT is under HF_HOME): its first start then skips inspecting each class in a
+    process of its own, as a Spark's later starts do. vLLM takes a record only if it holds
+    the hash of the image's own module (the image's vLLM and the test venv's are one build,
+    patched alike). Not for the container test's volume: its first start is its cold one."""
+    shared = Path(os.environ.get(SHARED_MODEL_INFOS, "") or "/nonexistent")
+    records = sorted(shared.glob("*.json")) if shared.is_dir() else []
+    if not records:
+        return
+    target = cache / "vllm" / "modelinfos"
+    target.mkdir(parents=True, exist_ok=True)
+    for record in records:
+        shutil.copyfile(record, target / record.name)
+    own_as_the_cache_owner(cache)
 
 
 def own_as_the_cache_owner(cache: Path) -> None:

@@ -32,6 +32,14 @@ EAGER = "--enforce-eager"
 # share one core while the other idles: a test server's worker runs one thread, unpinned, where
 # the OS finds room (the container test passes the same to its container).
 UNPINNED = {"VLLM_CPU_OMP_THREADS_BIND": "nobind", "OMP_NUM_THREADS": "1"}
+# vLLM inspects each model class in a process of its own (torch and vLLM imported: about 20 s
+# of CPU on these 2 cores, two of them a DFlash start) unless VLLM_CACHE_ROOT/modelinfos holds
+# the class's record for the module as it is now (model_executor/models/registry.py, checked by
+# the module's hash). The launchers put VLLM_CACHE_ROOT under HF_HOME, which a Spark keeps on its
+# volume, so only its first start inspects; a test server has an HF_HOME of its own, so every
+# test server's start did. The run's servers share one modelinfos folder instead (conftest.py
+# names it here), vLLM's own cache, written and checked by vLLM.
+SHARED_MODEL_INFOS = "SPARKSERVE_TEST_MODEL_INFOS"
 
 
 def cpu_python() -> str:
@@ -49,6 +57,18 @@ def install_sparkserve(target: Path) -> Path:
     return target
 
 
+def hf_home(work: Path) -> Path:
+    """A test server's HF_HOME under `work`, its vLLM cache's modelinfos the run's shared one."""
+    home = work / "hf"
+    shared = os.environ.get(SHARED_MODEL_INFOS)
+    link = home / "vllm" / "modelinfos"
+    if shared and not link.is_symlink():
+        Path(shared).mkdir(parents=True, exist_ok=True)
+        link.parent.mkdir(parents=True, exist_ok=True)
+        link.symlink_to(shared, target_is_directory=True)
+    return home
+
+
 def cpu_knobs(method: str, models: Mapping[str, str], port: int, work: Path) -> dict[str, str]:
     """The knobs a CPU run needs; everything else keeps the shipped default (mtp_serve.sh's
     own: 2 draft tokens)."""
@@ -64,7 +84,7 @@ def cpu_knobs(method: str, models: Mapping[str, str], port: int, work: Path) -> 
         "HOST": LOOPBACK,
         "PORT": str(port),
         "OS_RESERVE_GB": "4",  # a 24 GiB test machine, not a Spark
-        "HF_HOME": str(work / "hf"),
+        "HF_HOME": str(hf_home(work)),
         "EXTRA_ARGS": f"--kv-cache-memory-bytes {KV_CACHE_BYTES} {EAGER}",
     }
 
