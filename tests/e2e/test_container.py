@@ -123,7 +123,7 @@ from support.compose_project import (
     place_in_hf_cache,
     reboot_docker_engine,
 )
-from support.cpu_launch import UNPINNED
+from support.cpu_launch import TEST_SERVER_ENV
 from support.promises import STOP_GRACE_S
 from support.sse_stream import Stream as SseStream
 from support.sse_stream import post
@@ -184,7 +184,7 @@ def project(
         name=f"sparkserve-e2e-{os.getpid()}",
         work=work,
         override={"services": {SERVICE: {
-            "environment": {"PYTHONPATH": SHIMS_IN_CONTAINER, **UNPINNED},
+            "environment": {"PYTHONPATH": SHIMS_IN_CONTAINER, **TEST_SERVER_ENV},
             "volumes": [f"{shims}:{SHIMS_IN_CONTAINER}:ro"],
         }}},
     )  # fmt: skip

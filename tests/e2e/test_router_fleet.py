@@ -73,7 +73,7 @@ from support.compose_project import (
     place_in_hf_cache,
     seed_model_infos,
 )
-from support.cpu_launch import UNPINNED
+from support.cpu_launch import TEST_SERVER_ENV
 from support.vllm_server import free_port, metric_sum
 
 REPLICA = "sparkserve"  # docker-compose.yml's service, unchanged
@@ -225,7 +225,7 @@ def replica_override(name: str, network: str, shims: Path) -> str:
                 "ulimits": "!reset",  # this sandbox may not raise memlock
                 "shm_size": "1gb",
                 "networks": {"fleet": {"aliases": [name]}},
-                "environment": {"PYTHONPATH": SHIMS_IN_CONTAINER, **UNPINNED},
+                "environment": {"PYTHONPATH": SHIMS_IN_CONTAINER, **TEST_SERVER_ENV},
                 "volumes": [f"{shims}:{SHIMS_IN_CONTAINER}:ro"],
             },
             f"{REPLICA}-fetch": {"image": image},

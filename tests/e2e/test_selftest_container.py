@@ -18,7 +18,7 @@ from collections.abc import Iterator
 import pytest
 
 from support.compose_project import ComposeProject, install_shims, seed_model_infos
-from support.cpu_launch import UNPINNED
+from support.cpu_launch import TEST_SERVER_ENV
 
 SERVICE = "sparkserve-cpu"
 SHIMS_IN_CONTAINER = "/opt/sparkserve-test-shims"
@@ -43,7 +43,7 @@ def project(
     project = ComposeProject(
         name=f"sparkserve-e2e-selftest-{os.getpid()}", work=work,
         override={"services": {SERVICE: {
-            "environment": {"PYTHONPATH": SHIMS_IN_CONTAINER, **UNPINNED},
+            "environment": {"PYTHONPATH": SHIMS_IN_CONTAINER, **TEST_SERVER_ENV},
             "volumes": [f"{shims}:{SHIMS_IN_CONTAINER}:ro"],
         }}},
     )  # fmt: skip

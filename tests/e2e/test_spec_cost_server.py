@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from support.cpu_launch import EAGER, KV_CACHE_BYTES, UNPINNED, hf_home
+from support.cpu_launch import EAGER, KV_CACHE_BYTES, TEST_SERVER_ENV, hf_home
 from support.vllm_server import LOOPBACK
 
 REPO = Path(__file__).resolve().parents[2]
@@ -30,7 +30,7 @@ def test_each_step_accepts_the_drafts_its_switch_names(
         PYTHONPATH=f"{REPO / 'src'}{os.pathsep}{sparkserve_site}", HF_HOME=str(hf_home(tmp_path)),
         VLLM_HOST_IP=LOOPBACK, VLLM_TARGET_DEVICE="cpu", TOOL_PARSER="", REASONING_PARSER="",
         OS_RESERVE_GB="4", EXTRA_ARGS=f"--kv-cache-memory-bytes {KV_CACHE_BYTES} {EAGER}",
-        **UNPINNED,
+        **TEST_SERVER_ENV,
     )  # fmt: skip
     out = tmp_path / "out"
     argv = [sys.executable, str(REPO / "benchmarks" / "gpu" / "spec_cost.py"), "--out", str(out),

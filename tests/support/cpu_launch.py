@@ -32,6 +32,16 @@ EAGER = "--enforce-eager"
 # share one core while the other idles: a test server's worker runs one thread, unpinned, where
 # the OS finds room (the container test passes the same to its container).
 UNPINNED = {"VLLM_CPU_OMP_THREADS_BIND": "nobind", "OMP_NUM_THREADS": "1"}
+# vLLM's CPU platform turns the one-process executor ("uni") into "mp" (platforms/cpu.py) unless
+# VLLM_ENABLE_V1_MULTIPROCESSING is 0, so each CPU engine ran its worker in a third process that
+# imports torch and vLLM again: a plain replica's start took 26.5 s of CPU on these 2 cores, 17 s
+# with the worker inside the engine core. That is the process layout vLLM serves with on one GPU
+# (a Spark): an API server and an engine core that runs the model. The API server still runs
+# the engine core in a process of its own (AsyncLLM always does). A pair (tensor parallel over
+# two nodes) runs "mp" whatever this says.
+IN_ENGINE_WORKER = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
+# What every single-node test server's environment adds, a container's as a launcher's.
+TEST_SERVER_ENV = {**UNPINNED, **IN_ENGINE_WORKER}
 # vLLM inspects each model class in a process of its own (torch and vLLM imported: about 20 s
 # of CPU on these 2 cores, two of them a DFlash start) unless VLLM_CACHE_ROOT/modelinfos holds
 # the class's record for the module as it is now (model_executor/models/registry.py, checked by
@@ -102,7 +112,7 @@ def launcher_server(
     port = free_port()
     env = dict(os.environ, **cpu_knobs(method, models, port, work))
     env.update(knobs or {})
-    env.update(VLLM_HOST_IP=LOOPBACK, VLLM_TARGET_DEVICE="cpu", **UNPINNED)
+    env.update(VLLM_HOST_IP=LOOPBACK, VLLM_TARGET_DEVICE="cpu", **TEST_SERVER_ENV)
     # python3 and vllm from the CPU venv; sparkserve from its installed copy.
     env["PATH"] = f"{Path(cpu_python()).parent}:{env['PATH']}"
     env["PYTHONPATH"] = str(site)
