@@ -34,11 +34,11 @@ EAGER = "--enforce-eager"
 UNPINNED = {"VLLM_CPU_OMP_THREADS_BIND": "nobind", "OMP_NUM_THREADS": "1"}
 # vLLM's CPU platform turns the one-process executor ("uni") into "mp" (platforms/cpu.py) unless
 # VLLM_ENABLE_V1_MULTIPROCESSING is 0, so each CPU engine ran its worker in a third process that
-# imports torch and vLLM again: a plain replica's start took 26.5 s of CPU on these 2 cores, 17 s
-# with the worker inside the engine core. That is the process layout vLLM serves with on one GPU
-# (a Spark): an API server and an engine core that runs the model. The API server still runs
-# the engine core in a process of its own (AsyncLLM always does). A pair (tensor parallel over
-# two nodes) runs "mp" whatever this says.
+# imports torch and vLLM again: a router replica's start, one request and stop took 26-27 s of
+# CPU on these 2 cores, 17-18 s with the worker inside the engine core (docs/NOTES.md). That is
+# the process layout vLLM serves with on one GPU (a Spark): an API server and an engine core
+# that runs the model. The API server still runs the engine core in a process of its own
+# (AsyncLLM always does). A pair (tensor parallel over two nodes) runs "mp" whatever this says.
 IN_ENGINE_WORKER = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
 # What every single-node test server's environment adds, a container's as a launcher's.
 TEST_SERVER_ENV = {**UNPINNED, **IN_ENGINE_WORKER}
