@@ -42,7 +42,7 @@ from support.compose_project import (
     place_in_hf_cache,
     seed_model_infos,
 )
-from support.cpu_launch import UNPINNED
+from support.cpu_launch import NO_USAGE_REPORT, UNPINNED
 from support.promises import pair_stop_bound_s
 
 HEAD, WORKER = "sparkserve-head", "sparkserve-worker"
@@ -90,6 +90,7 @@ def node_override(address: str, shims: Path) -> dict:
             "CLUSTER_HEAD_ADDR": HEAD_ADDR,
             "PYTHONPATH": SHIMS_IN_CONTAINER,
             **UNPINNED,
+            **NO_USAGE_REPORT,
         },
         "volumes": [f"{shims}:{SHIMS_IN_CONTAINER}:ro"],
     }

@@ -21,7 +21,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from support.cpu_launch import LAUNCHERS, cpu_knobs, cpu_python
+from support.cpu_launch import LAUNCHERS, NO_USAGE_REPORT, cpu_knobs, cpu_python
 from support.netns import NodePair
 from support.vllm_server import LOOPBACK, free_port, tail
 
@@ -189,7 +189,7 @@ def node_env(
         CLUSTER_HEAD_ADDR=net.head_ip, CLUSTER_IFACE=net.head_if if rank == 0 else net.worker_if,
         SPARKSERVE_STATE_DIR=str(folder / "state"), VLLM_CPU_OMP_THREADS_BIND=str(rank),
         CLUSTER_SECRET="pair-e2e-secret-0123456789",  # the watch's joins and probes prove it
-        VLLM_TARGET_DEVICE="cpu", PYTHONPATH=str(site),
+        VLLM_TARGET_DEVICE="cpu", PYTHONPATH=str(site), **NO_USAGE_REPORT,
         PATH=f"{Path(cpu_python()).parent}:{os.environ['PATH']}",
     )  # fmt: skip
     env.pop("VLLM_HOST_IP", None)  # the launcher sets it from the link

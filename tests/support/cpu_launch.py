@@ -40,8 +40,12 @@ UNPINNED = {"VLLM_CPU_OMP_THREADS_BIND": "nobind", "OMP_NUM_THREADS": "1"}
 # that runs the model. The API server still runs the engine core in a process of its own
 # (AsyncLLM always does). A pair (tensor parallel over two nodes) runs "mp" whatever this says.
 IN_ENGINE_WORKER = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
+# vLLM's usage report (usage/usage_lib.py), on unless turned off: each engine's start runs
+# py-cpuinfo, which starts a Python process of its own (1.2 s of CPU here), and then posts to
+# stats.vllm.ai, which the test machines cannot reach. Every test server turns it off.
+NO_USAGE_REPORT = {"VLLM_NO_USAGE_STATS": "1"}
 # What every single-node test server's environment adds, a container's as a launcher's.
-TEST_SERVER_ENV = {**UNPINNED, **IN_ENGINE_WORKER}
+TEST_SERVER_ENV = {**UNPINNED, **IN_ENGINE_WORKER, **NO_USAGE_REPORT}
 # vLLM inspects each model class in a process of its own (torch and vLLM imported: about 20 s
 # of CPU on these 2 cores, two of them a DFlash start) unless VLLM_CACHE_ROOT/modelinfos holds
 # the class's record for the module as it is now (model_executor/models/registry.py, checked by
