@@ -656,7 +656,9 @@ def test_2_a_killed_replica_fails_only_the_requests_it_held(fleet: Fleet) -> Non
         return next((x.at for x in samples if x.at > killed_at and test(x)), None)
 
     sampler = threading.Thread(target=sample, daemon=True)
-    with Load(fleet.port, clients=3, max_tokens=256, tag="kill") as load:
+    # streams long enough to be in flight on the victim at the kill (with 256 tokens, one seen
+    # running had ended by then in a run on this machine)
+    with Load(fleet.port, clients=3, max_tokens=1024, tag="kill") as load:
         sampler.start()
         running = "vllm:num_requests_running"
         wait_for("a request running on the victim",
