@@ -727,8 +727,9 @@ def test_3_a_drained_replica_stops_without_a_client_error_and_comes_back(fleet: 
     victim = fleet.replicas[2]
     running = "vllm:num_requests_running"
     # long streams, so that one runs on the replica as the drain begins: the drain comes right
-    # after the reading that saw it (after `router drain` returns, a loaded machine may have
-    # finished it already, CI's case; read once more, one that just ended read 0 in a run)
+    # after the reading that saw it (a second reading just before the drain once read 0, the
+    # stream already ended; after `router drain` returns, a loaded machine may have finished
+    # it too, CI's case)
     seen: list[float] = []
     with Load(fleet.port, clients=3, max_tokens=512, tag="drain") as load:
         wait_for("a request running on the replica to drain",
